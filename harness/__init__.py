@@ -1,0 +1,1 @@
+"""What the experiment does: scenarios, targets, collectors, runs, summaries and verdicts."""

@@ -1,0 +1,1 @@
+"""What clients do: Locust users that stream from OpenAI-compatible endpoints and record timings."""

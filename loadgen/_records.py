@@ -1,0 +1,125 @@
+"""Per-request records: the contract between the load generator and the harness.
+
+Every streamed request yields one :class:`RequestRecord`. Load processes append records as
+JSON lines to a file in the run folder and flush after each one, so a killed run loses at
+most the requests that were still in flight. The harness turns these files into
+``requests.parquet`` and ``chunks.parquet``.
+
+All ``t_*`` timestamps are ``time.monotonic()`` seconds. On Linux this is CLOCK_MONOTONIC,
+which is shared by every process of the machine, so records from several load processes
+and the harness's own samples share one time axis (clock_gettime(2)).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+OUTCOMES = (
+    "complete",  # the stream ended with `data: [DONE]`
+    "http_error",  # a non-200 status
+    "server_error_event",  # an SSE event carrying an `error` payload, or malformed JSON
+    "cut_by_peer",  # EOF or RST before `[DONE]`
+    "client_abort",  # the client closed on purpose (half-close, abortive close, stop reading)
+    "timeout",  # the client's own deadline passed
+)
+
+
+@dataclass
+class Chunk:
+    """One SSE event that carried a completion chunk.
+
+    ``t`` is the monotonic time (s) when the event was complete; ``tokens`` the output tokens it
+    carried (difference of consecutive ``usage.completion_tokens`` when the server sends
+    continuous usage stats, else 1 per non-empty text delta); ``bytes`` the size of the event
+    on the wire; ``text`` the text delta.
+    """
+
+    t: float
+    tokens: int
+    bytes: int
+    text: str = ""
+
+
+@dataclass
+class RequestRecord:
+    """Everything one client saw of one streamed request.
+
+    Times are monotonic seconds (see module docstring); ``None`` when the moment never came.
+    ``stalls`` holds ``[start, end]`` pairs (monotonic s) of intervals in which the client
+    deliberately did not read; ``end`` is ``None`` if it never resumed.
+    """
+
+    request_id: str
+    user_class: str
+    group: str
+    network_profile: str
+    endpoint: str
+    max_tokens: int
+    prompt_tokens_requested: int
+    t_send: float
+    t_send_wall: float
+    outcome: str = "timeout"
+    client_addr: str | None = None
+    client_port: int | None = None
+    http_status: int | None = None
+    t_first_byte: float | None = None
+    t_first_token: float | None = None
+    t_last_byte: float | None = None
+    t_end: float | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int = 0
+    bytes_received: int = 0
+    finish_reason: str | None = None
+    error: str | None = None
+    chunks: list[Chunk] = field(default_factory=list)
+    stalls: list[list[float | None]] = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RequestRecord:
+        data = dict(data)
+        data["chunks"] = [Chunk(**c) for c in data.get("chunks", [])]
+        return cls(**data)
+
+
+class RecordWriter:
+    """Appends records as JSON lines to ``path``, flushing (and fsyncing) after each one.
+
+    Thread- and greenlet-safe for the writes of one process. Raises ``OSError`` if the file
+    cannot be opened.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+        self._lock = threading.Lock()
+
+    def write(self, record: RequestRecord) -> None:
+        line = record.to_json() + "\n"
+        with self._lock:
+            self._file.write(line)
+            self._file.flush()
+            os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
+
+
+def read_records(path: str | os.PathLike[str]) -> Iterator[RequestRecord]:
+    """Yield the records of a JSON-lines file; a truncated last line (killed writer) is skipped."""
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.endswith("\n"):
+                break
+            yield RequestRecord.from_dict(json.loads(line))

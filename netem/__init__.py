@@ -1,0 +1,1 @@
+"""What the network does: socket observation of the streams under test."""
