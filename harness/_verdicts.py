@@ -1,0 +1,108 @@
+"""Verdicts: answers to the toolkit's questions, computed from what was measured.
+
+**KV held by undelivered streams.** Once the engine has finished generating (it reports no
+running and no waiting request, or a configured bound has passed), any KV cache usage that
+remains while server sockets still hold undelivered bytes in Send-Q is KV held hostage by slow
+readers. The verdict is ``held`` (with the peak usage, how long, and KV-seconds, the integral
+of the usage fraction over time), ``none`` (usage was 0 throughout a long enough window with
+undelivered data), or ``not_observed`` (no such window: the experiment could not tell).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+
+@dataclass(frozen=True)
+class KvHeldVerdict:
+    """The KV-held verdict. Durations in seconds; usage as percent of the KV cache;
+    ``kv_seconds`` in usage-fraction × seconds; ``undelivered_peak_bytes`` is the largest total
+    Send-Q of the server's connections in the window."""
+
+    status: str  # "held" | "none" | "not_observed"
+    window_s: float
+    kv_held_s: float
+    kv_held_peak_perc: float
+    kv_seconds: float
+    undelivered_peak_bytes: int
+    t_generation_end: float | None
+
+    def line(self) -> str:
+        """One human-readable sentence."""
+        if self.status == "held":
+            return (
+                f"KV held by undelivered streams: HELD, peak {self.kv_held_peak_perc:.1f} % for "
+                f"{self.kv_held_s:.1f} s ({self.kv_seconds:.2f} KV-seconds) while "
+                f"{self.undelivered_peak_bytes} B sat undelivered in Send-Q"
+            )
+        if self.status == "none":
+            return (
+                f"KV held by undelivered streams: none held (KV usage 0 % for {self.window_s:.1f} s "
+                f"after generation ended, while {self.undelivered_peak_bytes} B sat undelivered "
+                "in Send-Q)"
+            )
+        return (
+            "KV held by undelivered streams: not observed (no undelivered data in Send-Q after "
+            "generation ended; make slow readers hold their connections longer)"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "line": self.line()}
+
+
+def kv_held_verdict(
+    metrics: pd.DataFrame,
+    sockets: pd.DataFrame,
+    *,
+    t_first_send: float | None,
+    generation_bound_s: float | None = None,
+    min_observe_s: float = 1.0,
+) -> KvHeldVerdict:
+    """Compute the KV-held verdict.
+
+    ``metrics`` has columns ``t``, ``scrape_ok``, ``kv_cache_usage`` (0..1),
+    ``num_requests_running``, ``num_requests_waiting``; ``sockets`` has ``t`` and
+    ``send_q_bytes`` per connection and sample. Each successful scrape is paired with the latest
+    socket sample at or before it. A scrape counts as after generation when running and waiting
+    are both 0, or when ``generation_bound_s`` has passed since ``t_first_send``.
+    """
+    empty = KvHeldVerdict("not_observed", 0.0, 0.0, 0.0, 0.0, 0, None)
+    needed = {"kv_cache_usage", "num_requests_running", "num_requests_waiting"}
+    if metrics.empty or sockets.empty or not needed <= set(metrics.columns):
+        return empty
+    m = metrics[metrics["scrape_ok"]].dropna(subset=list(needed)).sort_values("t")
+    if m.empty:
+        return empty
+    send_q = sockets.groupby("t", as_index=False)["send_q_bytes"].sum().sort_values("t")
+    joined = pd.merge_asof(m, send_q, on="t", direction="backward")
+    joined["send_q_bytes"] = joined["send_q_bytes"].fillna(0)
+    idle = (joined["num_requests_running"] == 0) & (joined["num_requests_waiting"] == 0)
+    if generation_bound_s is not None and t_first_send is not None:
+        idle |= joined["t"] >= t_first_send + generation_bound_s
+    after = idle & (joined["send_q_bytes"] > 0)
+    if not after.any():
+        return empty
+    t_end = float(joined.loc[idle, "t"].iloc[0])
+    # Each sample stands for the interval until the next one.
+    dt = joined["t"].diff().shift(-1).fillna(0.0).to_numpy()
+    window = after.to_numpy()
+    usage = joined["kv_cache_usage"].to_numpy()
+    held = window & (usage > 0)
+    window_s = float(dt[window].sum())
+    verdict = KvHeldVerdict(
+        status="held" if held.any() else "none",
+        window_s=window_s,
+        kv_held_s=float(dt[held].sum()),
+        kv_held_peak_perc=float(np.max(usage[window]) * 100.0),
+        kv_seconds=float((usage * dt)[window].sum()),
+        undelivered_peak_bytes=int(joined.loc[after, "send_q_bytes"].max()),
+        t_generation_end=t_end,
+    )
+    if verdict.status == "none" and window_s < min_observe_s:
+        return KvHeldVerdict("not_observed", window_s, 0.0, 0.0, 0.0,
+                             verdict.undelivered_peak_bytes, t_end)  # fmt: skip
+    return verdict

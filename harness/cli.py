@@ -1,0 +1,59 @@
+"""The ``zerowindow`` command line: a thin layer that parses arguments and calls the library."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from harness._console import print_summary
+from harness._run import EXIT_SETUP, run_scenario
+from harness._scenario import ScenarioError, load_scenario
+
+app = typer.Typer(
+    help="Chaos and load testing for LLM streaming servers.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+model_app = typer.Typer(help="Models for tests and demos.", no_args_is_help=True)
+app.add_typer(model_app, name="model")
+err = Console(stderr=True)
+
+
+@app.command()
+def run(
+    scenario: Annotated[Path, typer.Argument(help="scenario file (TOML)")],
+    target_url: Annotated[
+        str | None, typer.Option(help="attach to a running server instead of starting one")
+    ] = None,
+    out: Annotated[Path, typer.Option(help="folder that receives the run folders")] = Path(
+        "results"
+    ),
+) -> None:
+    """Run SCENARIO and write results/<scenario>/<UTC timestamp>/."""
+    try:
+        config = load_scenario(scenario)
+    except ScenarioError as exc:
+        err.print(f"[red]invalid scenario[/red]\n{exc}", highlight=False)
+        raise typer.Exit(EXIT_SETUP) from None
+    result = run_scenario(config, scenario_path=scenario, out_root=out, target_url=target_url)
+    print_summary(result.summary, run_dir=str(result.run_dir))
+    raise typer.Exit(result.exit_code)
+
+
+@model_app.command("tiny")
+def model_tiny(
+    out_dir: Annotated[Path, typer.Argument(help="folder to write the model into")],
+    seed: Annotated[int, typer.Option(help="seed of weights and tokenizer corpus")] = 0,
+) -> None:
+    """Write a random-weight Llama model and a locally trained tokenizer (no network)."""
+    from harness._tiny_model import make_tiny_model
+
+    path = make_tiny_model(out_dir, seed=seed)
+    typer.echo(f"tiny model written to {path}")
+
+
+def main() -> None:
+    app()

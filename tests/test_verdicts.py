@@ -1,0 +1,75 @@
+"""The KV-held verdict on synthetic time series (the live cases run against vLLM and sim)."""
+
+import pandas as pd
+import pytest
+
+from harness._verdicts import kv_held_verdict
+
+
+def _metrics(kv, running):
+    n = len(kv)
+    return pd.DataFrame(
+        {
+            "t": [float(i) for i in range(n)],
+            "scrape_ok": [True] * n,
+            "kv_cache_usage": kv,
+            "num_requests_running": running,
+            "num_requests_waiting": [0] * n,
+        }
+    )
+
+
+def _sockets(send_q):
+    return pd.DataFrame({"t": [float(i) for i in range(len(send_q))], "send_q_bytes": send_q})
+
+
+def test_held_when_kv_stays_up_after_generation_with_send_q():
+    # generation ends at t=2 (running 0); KV stays at 50 % while 4 KB wait in Send-Q until t=5
+    v = kv_held_verdict(
+        _metrics([0.9, 0.8, 0.5, 0.5, 0.5, 0.0, 0.0], [3, 2, 0, 0, 0, 0, 0]),
+        _sockets([0, 9000, 4000, 4000, 4000, 0, 0]),
+        t_first_send=0.0,
+    )
+    assert v.status == "held"
+    assert v.kv_held_s == pytest.approx(3.0)
+    assert v.kv_held_peak_perc == pytest.approx(50.0)
+    assert v.kv_seconds == pytest.approx(1.5)
+    assert v.undelivered_peak_bytes == 4000
+    assert "HELD" in v.line()
+
+
+def test_none_when_kv_returns_to_zero_while_send_q_is_full():
+    v = kv_held_verdict(
+        _metrics([0.9, 0.8, 0.0, 0.0, 0.0, 0.0], [3, 2, 0, 0, 0, 0]),
+        _sockets([0, 9000, 4000, 4000, 4000, 0]),
+        t_first_send=0.0,
+    )
+    assert v.status == "none"
+    assert v.window_s == pytest.approx(3.0)
+    assert "none held" in v.line()
+
+
+def test_not_observed_without_undelivered_data_or_too_short_a_window():
+    no_send_q = kv_held_verdict(
+        _metrics([0.9, 0.0, 0.0], [1, 0, 0]), _sockets([0, 0, 0]), t_first_send=0.0
+    )
+    assert no_send_q.status == "not_observed"
+    short = kv_held_verdict(
+        _metrics([0.9, 0.0, 0.0], [1, 0, 0]),
+        _sockets([0, 10, 0]),
+        t_first_send=0.0,
+        min_observe_s=5.0,
+    )
+    assert short.status == "not_observed"
+
+
+def test_generation_bound_counts_when_running_never_drops():
+    # A coupled engine may keep reporting running requests; the bound decides.
+    v = kv_held_verdict(
+        _metrics([0.5, 0.5, 0.5, 0.5], [2, 2, 2, 2]),
+        _sockets([100, 100, 100, 100]),
+        t_first_send=0.0,
+        generation_bound_s=1.0,
+    )
+    assert v.status == "held"
+    assert v.t_generation_end == 1.0
