@@ -145,7 +145,11 @@ class _Run:
 
     def _target_failure(self) -> str | None:
         reason = self.target.failure()
-        if reason is None and self.scraper and self.scraper.consecutive_failures >= MAX_FAILED_SCRAPES:
+        if (
+            reason is None
+            and self.scraper
+            and self.scraper.consecutive_failures >= MAX_FAILED_SCRAPES
+        ):
             reason = (
                 f"target stopped answering {self.target.base_url}/metrics "
                 f"({self.scraper.last_error})"
@@ -207,7 +211,9 @@ class _Run:
     def _write_results(self) -> RunSummary:
         metrics = pd.DataFrame(self.scraper.rows if self.scraper else [], columns=None)
         if "scrape_ok" not in metrics:
-            metrics = pd.DataFrame({"t": pd.Series(dtype=float), "scrape_ok": pd.Series(dtype=bool)})
+            metrics = pd.DataFrame(
+                {"t": pd.Series(dtype=float), "scrape_ok": pd.Series(dtype=bool)}
+            )
         sockets = pd.DataFrame(
             self.sockets.rows if self.sockets else [],
             columns=["t", "client_addr", "client_port", "state", "send_q_bytes", "recv_q_bytes"],

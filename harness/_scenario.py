@@ -150,8 +150,10 @@ def _format_errors(path: Path, text: str, error: ValidationError) -> str:
         line = _find_line(lines, loc)
         where = f"{path}:{line}" if line else str(path)
         got = ""
-        if err["type"] not in ("missing",) and "input" in err and not isinstance(
-            err["input"], dict
+        if (
+            err["type"] not in ("missing",)
+            and "input" in err
+            and not isinstance(err["input"], dict)
         ):
             got = f" (got {err['input']!r})"
         out.append(f"{where}: field '{field}': {err['msg']}{got}")
@@ -159,8 +161,16 @@ def _format_errors(path: Path, text: str, error: ValidationError) -> str:
 
 
 # Discriminated-union tags that pydantic inserts into error locations.
-_UNION_TAGS = {"vllm", "url", "full_speed", "paced", "stall", "stop_reading", "half_close",
-               "abortive_close"}
+_UNION_TAGS = {
+    "vllm",
+    "url",
+    "full_speed",
+    "paced",
+    "stall",
+    "stop_reading",
+    "half_close",
+    "abortive_close",
+}
 
 
 def parse_scenario(text: str, *, path: Path) -> Scenario:
@@ -180,8 +190,10 @@ def parse_scenario(text: str, *, path: Path) -> Scenario:
 
 
 def load_scenario(path: str | Path) -> Scenario:
-    """Read and validate a scenario file. Raises :class:`ScenarioError` (see :func:`parse_scenario`),
-    also when the file cannot be read."""
+    """Read and validate a scenario file.
+
+    Raises :class:`ScenarioError` (see :func:`parse_scenario`), also when the file cannot be read.
+    """
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")

@@ -71,7 +71,9 @@ def requests_frame(records: list[RequestRecord], sockets: pd.DataFrame) -> pd.Da
             stall_s=_stall_s(r),
         )
         rows.append(row)
-    frame = pd.DataFrame(rows, columns=[c for c in REQUEST_COLUMNS if c != "server_send_q_peak_bytes"])
+    frame = pd.DataFrame(
+        rows, columns=[c for c in REQUEST_COLUMNS if c != "server_send_q_peak_bytes"]
+    )
     if len(sockets) and len(frame):
         peaks = (
             sockets.groupby(["client_addr", "client_port"])["send_q_bytes"]

@@ -50,9 +50,7 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def wait_healthy(
-    base_url: str, *, timeout_s: float, alive: Any = None, log_hint: str = ""
-) -> None:
+def wait_healthy(base_url: str, *, timeout_s: float, alive: Any = None, log_hint: str = "") -> None:
     """Poll ``GET {base_url}/health`` until it answers 200.
 
     ``alive`` is an optional callable returning a failure reason or ``None``; polling stops
@@ -143,7 +141,7 @@ class VllmTarget:
             "base_url": self.base_url,
             "argv": self.argv,
             "pid": self.proc.pid if self.proc else None,
-                    }
+        }
 
 
 class UrlTarget:

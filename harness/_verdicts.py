@@ -41,9 +41,9 @@ class KvHeldVerdict:
             )
         if self.status == "none":
             return (
-                f"KV held by undelivered streams: none held (KV usage 0 % for {self.window_s:.1f} s "
-                f"after generation ended, while {self.undelivered_peak_bytes} B sat undelivered "
-                "in Send-Q)"
+                "KV held by undelivered streams: none held (KV usage 0 % for "
+                f"{self.window_s:.1f} s after generation ended, while "
+                f"{self.undelivered_peak_bytes} B sat undelivered in Send-Q)"
             )
         return (
             "KV held by undelivered streams: not observed (no undelivered data in Send-Q after "

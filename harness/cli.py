@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from harness._console import print_summary
 from harness._run import EXIT_SETUP, run_scenario
@@ -19,7 +18,6 @@ app = typer.Typer(
 )
 model_app = typer.Typer(help="Models for tests and demos.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
-err = Console(stderr=True)
 
 
 @app.command()
@@ -36,7 +34,7 @@ def run(
     try:
         config = load_scenario(scenario)
     except ScenarioError as exc:
-        err.print(f"[red]invalid scenario[/red]\n{exc}", highlight=False)
+        typer.echo(f"invalid scenario\n{exc}", err=True)
         raise typer.Exit(EXIT_SETUP) from None
     result = run_scenario(config, scenario_path=scenario, out_root=out, target_url=target_url)
     print_summary(result.summary, run_dir=str(result.run_dir))

@@ -1,0 +1,5 @@
+"""``python -m harness`` is ``zerowindow``."""
+
+from harness.cli import main
+
+main()

