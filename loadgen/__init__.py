@@ -1,1 +1,80 @@
-"""What clients do: Locust users that stream from OpenAI-compatible endpoints and record timings."""
+"""What clients do: Locust users that stream from OpenAI-compatible endpoints and record timings.
+
+Import costs: the read behaviours, configuration models, SSE decoder and the socket client load
+without Locust. The Locust-bound names (``StreamingUser``, ``SlowReaderUser``,
+``user_class_from_config``, ``quit_when_users_done``, ``exit_zero_on_request_failures``) load
+Locust, and with it gevent's monkey-patching, on first use only.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+from ._actions import ACTIONS, AbortiveClose, ActionConfig, HalfClose, Stall, StopReading
+from ._client import RequestSpec, stream_request
+from ._config import GroupRunConfig, UserGroupConfig
+from ._openai import ENDPOINT_PATHS, Endpoint
+from ._prompt import build_prompt, prompt_seed
+from ._reads import READS, FullSpeed, Paced, ReadConfig
+from ._records import OUTCOMES, Chunk, RecordWriter, RequestRecord, read_records
+from ._registry import Registry, UnknownKindError
+from ._sse import SSEDecoder, SSEEvent
+
+if TYPE_CHECKING:
+    from ._lifecycle import exit_zero_on_request_failures, quit_when_users_done
+    from ._users import RequestOutcomeError, SlowReaderUser, StreamingUser, user_class_from_config
+
+_LAZY = {
+    "StreamingUser": "._users",
+    "SlowReaderUser": "._users",
+    "RequestOutcomeError": "._users",
+    "user_class_from_config": "._users",
+    "quit_when_users_done": "._lifecycle",
+    "exit_zero_on_request_failures": "._lifecycle",
+}
+
+__all__ = [
+    "ACTIONS",
+    "ENDPOINT_PATHS",
+    "OUTCOMES",
+    "READS",
+    "AbortiveClose",
+    "ActionConfig",
+    "Chunk",
+    "Endpoint",
+    "FullSpeed",
+    "GroupRunConfig",
+    "HalfClose",
+    "Paced",
+    "ReadConfig",
+    "RecordWriter",
+    "Registry",
+    "RequestOutcomeError",
+    "RequestRecord",
+    "RequestSpec",
+    "SSEDecoder",
+    "SSEEvent",
+    "SlowReaderUser",
+    "Stall",
+    "StopReading",
+    "StreamingUser",
+    "UnknownKindError",
+    "UserGroupConfig",
+    "build_prompt",
+    "exit_zero_on_request_failures",
+    "prompt_seed",
+    "quit_when_users_done",
+    "read_records",
+    "stream_request",
+    "user_class_from_config",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(module, __name__), name)
+    globals()[name] = value
+    return value

@@ -53,7 +53,9 @@ class RequestRecord:
 
     Times are monotonic seconds (see module docstring); ``None`` when the moment never came.
     ``stalls`` holds ``[start, end]`` pairs (monotonic s) of intervals in which the client
-    deliberately did not read; ``end`` is ``None`` if it never resumed.
+    deliberately did not read; ``end`` is ``None`` if it never resumed. ``action`` is the kind
+    of the client action that fired (``stall``, ``stop_reading``, ``half_close``,
+    ``abortive_close``) and ``t_action`` when it fired; both ``None`` if none fired.
     """
 
     request_id: str
@@ -80,6 +82,8 @@ class RequestRecord:
     error: str | None = None
     chunks: list[Chunk] = field(default_factory=list)
     stalls: list[list[float | None]] = field(default_factory=list)
+    action: str | None = None
+    t_action: float | None = None
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), separators=(",", ":"))

@@ -1,0 +1,129 @@
+"""Client actions: what a client does to its connection once it has received N tokens.
+
+Each action is a frozen pydantic model with one method, :meth:`apply`, that acts on the live
+stream through a :class:`StreamControl` and says whether the stream goes on. An action fires
+once, at the first read after which at least ``after_tokens`` output tokens have arrived (with
+full-speed reads that can be several tokens later), and never after ``[DONE]``.
+
+- ``stall``: stop reading for ``stall_s`` seconds, then read on (one ``stalls`` interval).
+- ``stop_reading``: stop reading for good, keep the connection open ``hold_s`` seconds, then
+  close with FIN (``close="fin"``) or RST (``close="rst"``); outcome ``client_abort``.
+- ``half_close``: ``shutdown(SHUT_WR)`` (FIN to the server) and read on; the outcome is how the
+  stream then ends (``complete`` if the server finishes it, ``cut_by_peer`` if it gives up).
+- ``abortive_close``: ``SO_LINGER {1, 0}`` then ``close``: the server gets RST; outcome
+  ``client_abort``.
+
+A pause that would pass the request's deadline is cut at the deadline (outcome ``timeout``).
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Annotated, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ._records import RequestRecord
+from ._registry import Registry
+from ._sockets import close_abortive, close_orderly
+
+ACTIONS: Registry[BaseModel] = Registry("client action")
+
+
+class StreamControl(Protocol):
+    """What an action may touch of a live stream (implemented by the client)."""
+
+    sock: socket.socket
+    record: RequestRecord
+
+    def now(self) -> float:
+        """Monotonic time, s."""
+        ...
+
+    def pause(self, duration_s: float) -> bool:
+        """Sleep ``duration_s`` without reading; ``False`` if the deadline cut it short."""
+        ...
+
+    def discard(self, n_bytes: int) -> None:
+        """Account ``n_bytes`` read from the socket but thrown away (not decoded)."""
+        ...
+
+
+_Frozen = ConfigDict(frozen=True, extra="forbid")
+
+
+@ACTIONS.register
+class Stall(BaseModel):
+    """After ``after_tokens`` tokens, read nothing for ``stall_s`` seconds, then read on."""
+
+    model_config = _Frozen
+    kind: Literal["stall"] = "stall"
+    after_tokens: int = Field(ge=0)
+    stall_s: float = Field(gt=0)
+
+    def apply(self, ctl: StreamControl) -> str | None:
+        """Returns ``None`` (read on) or ``"timeout"``."""
+        stall: list[float | None] = [ctl.now(), None]
+        ctl.record.stalls.append(stall)
+        if not ctl.pause(self.stall_s):
+            return "timeout"
+        stall[1] = ctl.now()
+        return None
+
+
+@ACTIONS.register
+class StopReading(BaseModel):
+    """After ``after_tokens`` tokens, never read again; hold ``hold_s`` s, then close."""
+
+    model_config = _Frozen
+    kind: Literal["stop_reading"] = "stop_reading"
+    after_tokens: int = Field(ge=0)
+    hold_s: float = Field(ge=0)
+    close: Literal["fin", "rst"] = "fin"
+
+    def apply(self, ctl: StreamControl) -> str | None:
+        """Returns ``"client_abort"``, or ``"timeout"`` if the deadline came first."""
+        ctl.record.stalls.append([ctl.now(), None])
+        held = ctl.pause(self.hold_s)
+        if self.close == "rst":
+            close_abortive(ctl.sock)
+        else:
+            ctl.discard(close_orderly(ctl.sock))
+        return "client_abort" if held else "timeout"
+
+
+@ACTIONS.register
+class HalfClose(BaseModel):
+    """After ``after_tokens`` tokens, ``shutdown(SHUT_WR)`` and keep reading."""
+
+    model_config = _Frozen
+    kind: Literal["half_close"] = "half_close"
+    after_tokens: int = Field(ge=0)
+
+    def apply(self, ctl: StreamControl) -> str | None:
+        """Returns ``None``: the stream goes on and ends however the server ends it."""
+        try:
+            ctl.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass  # already reset by the peer: the next recv reports it
+        return None
+
+
+@ACTIONS.register
+class AbortiveClose(BaseModel):
+    """After ``after_tokens`` tokens, close with RST (``SO_LINGER {1, 0}``, socket(7))."""
+
+    model_config = _Frozen
+    kind: Literal["abortive_close"] = "abortive_close"
+    after_tokens: int = Field(ge=0)
+
+    def apply(self, ctl: StreamControl) -> str | None:
+        """Returns ``"client_abort"``."""
+        close_abortive(ctl.sock)
+        return "client_abort"
+
+
+ActionConfig = Annotated[
+    Stall | StopReading | HalfClose | AbortiveClose, Field(discriminator="kind")
+]
+"""Discriminated union of the client actions (tag ``kind``)."""

@@ -1,0 +1,82 @@
+"""Configuration of one group of identical simulated users (one Locust user class).
+
+The harness's scenario schema embeds :class:`UserGroupConfig`, and ``loadgen/locustfile.py``
+reads it from the ``--zw-group-config`` JSON file (see :class:`GroupRunConfig`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ._actions import ActionConfig, Stall, StopReading
+from ._reads import FullSpeed, ReadConfig
+
+
+class UserGroupConfig(BaseModel):
+    """``users`` users, each sending ``requests_per_user`` streaming requests one after another.
+
+    ``wait_s``: pause between a user's requests (s). ``rcvbuf_bytes``: ``SO_RCVBUF`` set before
+    ``connect`` (Linux doubles it, socket(7)); ``None`` keeps the default and auto-tuning.
+    ``read``: read pacing; ``action``: what the client does after N tokens (or ``None``).
+    ``network_profile``: label of the link the group's process runs behind (recorded as is).
+    ``endpoint``: ``completions`` (``/v1/completions``) or ``chat`` (``/v1/chat/completions``).
+    ``prompt_tokens``: approximate prompt length (words of a deterministic prompt).
+    ``timeout_s``: per-request deadline from send to end.
+
+    Validation errors (``pydantic.ValidationError``): out-of-range numbers, unknown fields or
+    kinds, and a ``stall``/``stop_reading`` pause not shorter than ``timeout_s``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1)
+    users: int = Field(ge=1)
+    requests_per_user: int = Field(ge=1)
+    wait_s: float = Field(default=0.0, ge=0)
+    rcvbuf_bytes: int | None = Field(default=None, ge=1)
+    read: ReadConfig = Field(default_factory=FullSpeed)
+    action: ActionConfig | None = None
+    network_profile: str = "none"
+    endpoint: Literal["completions", "chat"] = "completions"
+    prompt_tokens: int = Field(default=32, ge=1)
+    max_tokens: int = Field(default=128, ge=1)
+    ignore_eos: bool = True
+    timeout_s: float = Field(default=120.0, gt=0)
+
+    @model_validator(mode="after")
+    def _pause_fits_deadline(self) -> UserGroupConfig:
+        action = self.action
+        if isinstance(action, StopReading):
+            pause_s, what = action.hold_s, "stop_reading hold_s"
+        elif isinstance(action, Stall):
+            pause_s, what = action.stall_s, "stall stall_s"
+        else:
+            return self
+        if pause_s >= self.timeout_s:
+            raise ValueError(f"{what}={pause_s} must be shorter than timeout_s={self.timeout_s}")
+        return self
+
+
+class GroupRunConfig(BaseModel):
+    """The JSON file given to ``loadgen/locustfile.py`` with ``--zw-group-config``.
+
+    ``{"group": <UserGroupConfig>, "host": "http://...", "model": "...",
+    "records_path": "...", "seed": 0}``
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    group: UserGroupConfig
+    host: str
+    model: str
+    records_path: Path
+    seed: int = 0
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> GroupRunConfig:
+        """Read and validate the file. Raises ``OSError`` or ``pydantic.ValidationError``."""
+        return cls.model_validate(json.loads(Path(path).read_text(encoding="utf-8")))

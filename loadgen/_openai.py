@@ -1,0 +1,157 @@
+"""OpenAI-compatible streaming: request bodies, and the meaning of each SSE ``data`` payload.
+
+Request shape: OpenAI API reference, "Completions" (``prompt``) and "Chat completions"
+(``messages``) with ``stream: true`` and ``stream_options.include_usage``;
+``stream_options.continuous_usage_stats`` and ``ignore_eos`` are vLLM extensions
+(vllm/entrypoints/openai/protocol.py, ``StreamOptions`` and ``SamplingParams``). With
+continuous usage stats every chunk carries the cumulative ``usage.completion_tokens``, so the
+difference between consecutive chunks is the number of tokens a chunk carried. The stream ends
+with a usage-only chunk (empty ``choices``) and ``data: [DONE]``. vLLM reports a failure in
+the middle of a stream as a ``data:`` payload holding an error object.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Endpoint = Literal["completions", "chat"]
+
+ENDPOINT_PATHS: dict[str, str] = {
+    "completions": "/v1/completions",
+    "chat": "/v1/chat/completions",
+}
+
+
+def request_body(
+    *, endpoint: Endpoint, model: str, prompt: str, max_tokens: int, ignore_eos: bool
+) -> dict[str, Any]:
+    """The JSON body of one streaming request.
+
+    ``endpoint="completions"`` sends ``prompt``; ``"chat"`` sends one user message. ``ignore_eos``
+    is sent only when true (it is a vLLM extension that other servers may reject). Raises
+    ``ValueError`` for an unknown endpoint.
+    """
+    body: dict[str, Any] = {"model": model}
+    if endpoint == "completions":
+        body["prompt"] = prompt
+    elif endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        raise ValueError(f"unknown endpoint {endpoint!r}; valid: {sorted(ENDPOINT_PATHS)}")
+    body["max_tokens"] = max_tokens
+    body["stream"] = True
+    body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+    if ignore_eos:
+        body["ignore_eos"] = True
+    return body
+
+
+PayloadKind = Literal["chunk", "usage", "done", "error"]
+
+
+@dataclass(frozen=True)
+class Payload:
+    """What one SSE ``data`` payload means.
+
+    ``kind``: ``"chunk"`` (non-empty ``choices``), ``"usage"`` (empty ``choices``: the final
+    usage-only chunk, not a token chunk), ``"done"`` (``[DONE]``) or ``"error"`` (an error
+    object, malformed JSON, or JSON that is not an object). ``completion_tokens`` and
+    ``prompt_tokens`` are the cumulative usage counts when present, else ``None``.
+    """
+
+    kind: PayloadKind
+    text: str = ""
+    completion_tokens: int | None = None
+    prompt_tokens: int | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+def _error_text(obj: dict[str, Any]) -> str:
+    err = obj.get("error", obj)
+    if isinstance(err, dict):
+        message = err.get("message", "")
+        extra = ", ".join(f"{k}={err[k]}" for k in ("type", "code") if err.get(k) is not None)
+        return f"{message} ({extra})" if extra else str(message or err)
+    return str(err)
+
+
+def parse_payload(data: str, *, event_type: str = "message") -> Payload:
+    """Interpret the data of one SSE event of an OpenAI-compatible stream. Never raises.
+
+    An event of type ``error``, an object with an ``error`` key, or an object with
+    ``"object": "error"`` (older vLLM) is an error; so are malformed JSON and non-objects.
+    """
+    if data.strip() == "[DONE]":
+        return Payload(kind="done")
+    try:
+        obj = json.loads(data)
+    except ValueError as e:
+        return Payload(kind="error", error=f"malformed JSON in stream: {e}: {data[:200]!r}")
+    if not isinstance(obj, dict):
+        return Payload(kind="error", error=f"stream payload is not a JSON object: {data[:200]!r}")
+    if event_type == "error" or "error" in obj or obj.get("object") == "error":
+        return Payload(kind="error", error=_error_text(obj))
+    usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else None
+    completion_tokens = _int_or_none(usage.get("completion_tokens")) if usage else None
+    prompt_tokens = _int_or_none(usage.get("prompt_tokens")) if usage else None
+    choices = obj.get("choices")
+    if not isinstance(choices, list) or not choices:
+        return Payload(
+            kind="usage", completion_tokens=completion_tokens, prompt_tokens=prompt_tokens
+        )
+    texts: list[str] = []
+    finish_reason: str | None = None
+    for choice in choices:
+        if not isinstance(choice, dict):
+            continue
+        delta = choice.get("delta")
+        piece = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+        if isinstance(piece, str):
+            texts.append(piece)
+        if choice.get("finish_reason") is not None:
+            finish_reason = str(choice["finish_reason"])
+    return Payload(
+        kind="chunk",
+        text="".join(texts),
+        completion_tokens=completion_tokens,
+        prompt_tokens=prompt_tokens,
+        finish_reason=finish_reason,
+    )
+
+
+def _int_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class TokenCounter:
+    """Counts the output tokens each chunk carried.
+
+    A chunk with ``usage.completion_tokens`` carried ``completion_tokens - counted`` tokens
+    (never negative), where ``counted`` is the sum so far; a chunk without usage carried 1
+    token if its text delta is non-empty, else 0. ``total`` is the last usage total seen
+    (including the final usage-only chunk) or, if the server sent no usage, the sum.
+    """
+
+    def __init__(self) -> None:
+        self.counted = 0
+        self.usage_total: int | None = None
+
+    def chunk_tokens(self, payload: Payload) -> int:
+        """Tokens carried by ``payload`` (0 for anything but a ``"chunk"``); updates totals."""
+        if payload.completion_tokens is not None:
+            self.usage_total = payload.completion_tokens
+        if payload.kind != "chunk":
+            return 0
+        if payload.completion_tokens is not None:
+            tokens = max(0, payload.completion_tokens - self.counted)
+        else:
+            tokens = 1 if payload.text else 0
+        self.counted += tokens
+        return tokens
+
+    @property
+    def total(self) -> int:
+        return self.usage_total if self.usage_total is not None else self.counted

@@ -1,0 +1,253 @@
+"""Locust user classes that stream from an OpenAI-compatible server and record every request.
+
+Importing this module imports Locust, which monkey-patches the standard library for gevent;
+``loadgen/__init__`` therefore loads it only when one of its names is used.
+
+Configure a user by class attributes in any plain locustfile::
+
+    from loadgen import SlowReaderUser, Paced, StopReading
+
+    class Aggressor(SlowReaderUser):
+        host = "http://127.0.0.1:8000"
+        model = "tiny"
+        read = Paced(bytes_per_read=64, interval_s=0.1)
+        action = StopReading(after_tokens=16, hold_s=30)
+
+Each request writes one :class:`~loadgen._records.RequestRecord` to the records file
+(class attribute ``records_path``, else environment variable ``ZW_RECORDS``, else
+``records.jsonl`` in the working directory) and fires two Locust request events, ``TTFT``
+and ``E2E`` (response times in ms), named after the group. Requests whose outcome is
+``complete`` or ``client_abort`` count as successes; any other outcome is a Locust failure.
+A request in flight when Locust stops the user (``--run-time``, SIGTERM, web UI stop) is
+still recorded, as ``client_abort`` with error ``interrupted: GreenletExit``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import threading
+from pathlib import Path
+from typing import Any, ClassVar
+
+from locust import User, constant, task
+from locust.exception import StopUser
+
+from ._actions import ACTIONS, ActionConfig
+from ._client import RequestSpec, stream_request
+from ._config import UserGroupConfig
+from ._openai import Endpoint
+from ._prompt import build_prompt, prompt_seed
+from ._reads import READS, FullSpeed, Paced, ReadConfig
+from ._records import RecordWriter, RequestRecord
+
+RECORDS_ENV = "ZW_RECORDS"
+DEFAULT_RECORDS_PATH = "records.jsonl"
+SUCCESS_OUTCOMES = ("complete", "client_abort")
+
+_writers: dict[Path, RecordWriter] = {}
+_writers_lock = threading.Lock()
+
+
+def _writer(path: Path) -> RecordWriter:
+    key = path.resolve()
+    with _writers_lock:
+        writer = _writers.get(key)
+        if writer is None:
+            writer = _writers[key] = RecordWriter(key)
+        return writer
+
+
+class RequestOutcomeError(Exception):
+    """The Locust failure for a request whose outcome is not a success: ``outcome: error``."""
+
+    def __init__(self, outcome: str, error: str | None) -> None:
+        super().__init__(f"{outcome}: {error}" if error else outcome)
+        self.outcome = outcome
+
+
+class StreamingUser(User):
+    """A user that reads its streams at full speed (``recv(65536)``).
+
+    Class attributes (override in a subclass): ``host`` (base URL, ``http://`` only),
+    ``model``, ``endpoint`` (``"completions"`` | ``"chat"``), ``prompt_tokens``,
+    ``max_tokens``, ``ignore_eos``, ``timeout_s`` (per-request deadline, s), ``read``
+    (:data:`ReadConfig`), ``action`` (:data:`ActionConfig` or ``None``), ``rcvbuf_bytes``
+    (``SO_RCVBUF`` before connect, ``None`` = kernel default), ``requests_per_user`` (stop after
+    that many, ``None`` = never), ``group_name`` (default: the class name), ``network_profile``,
+    ``records_path``, ``seed`` (prompt seed), ``wait_time`` (Locust; default none).
+
+    Raises ``ValueError`` on construction when ``model`` or ``host`` is empty or
+    ``read``/``action`` are not valid behaviours.
+    """
+
+    abstract = True
+    wait_time = constant(0)
+
+    model: ClassVar[str] = ""
+    endpoint: ClassVar[Endpoint] = "completions"
+    prompt_tokens: ClassVar[int] = 32
+    max_tokens: ClassVar[int] = 128
+    ignore_eos: ClassVar[bool] = True
+    timeout_s: ClassVar[float] = 120.0
+    read: ClassVar[ReadConfig | dict[str, Any]] = FullSpeed()
+    action: ClassVar[ActionConfig | dict[str, Any] | None] = None
+    rcvbuf_bytes: ClassVar[int | None] = None
+    requests_per_user: ClassVar[int | None] = None
+    group_name: ClassVar[str | None] = None
+    network_profile: ClassVar[str] = "none"
+    records_path: ClassVar[str | os.PathLike[str] | None] = None
+    seed: ClassVar[int] = 0
+
+    _zw_instances: ClassVar[itertools.count[int]] = itertools.count()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Instance attributes carry a `_zw_` prefix: Locust's User uses `_group`, `_state`...
+        cls = type(self)
+        if not cls.model:
+            raise ValueError(f"{cls.__name__}.model is empty: set the served model name")
+        if not self.host:
+            raise ValueError(f"{cls.__name__} has no host: set `host` or pass --host")
+        self._zw_read: ReadConfig = READS.parse(cls.read)  # type: ignore[assignment]
+        self._zw_action: ActionConfig | None = (
+            None if cls.action is None else ACTIONS.parse(cls.action)  # type: ignore[assignment]
+        )
+        self._zw_group = cls.group_name or cls.__name__
+        self._zw_index = next(StreamingUser._zw_instances)
+        self._zw_sent = 0
+        path = cls.records_path or os.environ.get(RECORDS_ENV) or DEFAULT_RECORDS_PATH
+        self._zw_records = _writer(Path(path))
+
+    def request_spec(self) -> RequestSpec:
+        """The spec of this user's next request (deterministic prompt per user and request)."""
+        cls = type(self)
+        seed = prompt_seed(cls.seed, self._zw_group, self._zw_index, self._zw_sent)
+        return RequestSpec(
+            host=str(self.host),
+            model=cls.model,
+            prompt=build_prompt(cls.prompt_tokens, seed),
+            prompt_tokens=cls.prompt_tokens,
+            endpoint=cls.endpoint,
+            max_tokens=cls.max_tokens,
+            ignore_eos=cls.ignore_eos,
+            timeout_s=cls.timeout_s,
+            read=self._zw_read,
+            action=self._zw_action,
+            rcvbuf_bytes=cls.rcvbuf_bytes,
+            user_class=cls.__name__,
+            group=self._zw_group,
+            network_profile=cls.network_profile,
+        )
+
+    @task
+    def stream_once(self) -> None:
+        """Send one request, record it, report it to Locust; stop after ``requests_per_user``."""
+        limit = type(self).requests_per_user
+        if limit is not None and self._zw_sent >= limit:  # also ends a user whose task raised
+            raise StopUser()
+        spec = self.request_spec()
+        self._zw_sent += 1
+        record = stream_request(spec, on_interrupt=self._zw_records.write)
+        self._zw_records.write(record)
+        self.report(record)
+        if limit is not None and self._zw_sent >= limit:
+            raise StopUser()
+
+    def report(self, record: RequestRecord) -> None:
+        """Fire Locust ``request`` events ``TTFT`` and ``E2E`` (ms) for ``record``."""
+        end = record.t_end if record.t_end is not None else record.t_send
+        e2e_ms = (end - record.t_send) * 1000.0
+        failure = (
+            None
+            if record.outcome in SUCCESS_OUTCOMES
+            else RequestOutcomeError(record.outcome, record.error)
+        )
+        common: dict[str, Any] = {
+            "name": self._zw_group,
+            "response": None,
+            "context": {"request_id": record.request_id, "outcome": record.outcome},
+            "start_time": record.t_send_wall,
+            "url": None,
+        }
+        fire = self.environment.events.request.fire
+        if record.t_first_token is not None:
+            ttft_ms = (record.t_first_token - record.t_send) * 1000.0
+            fire(
+                request_type="TTFT",
+                response_time=ttft_ms,
+                response_length=0,
+                exception=None,
+                **common,
+            )
+        else:
+            no_token = failure or RequestOutcomeError(record.outcome, "no output token")
+            fire(
+                request_type="TTFT",
+                response_time=e2e_ms,
+                response_length=0,
+                exception=no_token,
+                **common,
+            )
+        fire(
+            request_type="E2E",
+            response_time=e2e_ms,
+            response_length=record.bytes_received,
+            exception=failure,
+            **common,
+        )
+
+
+class SlowReaderUser(StreamingUser):
+    """A user that reads slowly: ``Paced(bytes_per_read=64, interval_s=0.1)`` through a
+    ``SO_RCVBUF`` of 4096 bytes (8192 after Linux doubles it, socket(7)) by default, and
+    optionally acts on its connection after N tokens (``action``). Same attributes as
+    :class:`StreamingUser`.
+    """
+
+    abstract = True
+    read: ClassVar[ReadConfig | dict[str, Any]] = Paced()
+    rcvbuf_bytes: ClassVar[int | None] = 4096
+
+
+def _class_name(group_name: str) -> str:
+    name = re.sub(r"\W+", "_", group_name).strip("_") or "Group"
+    return name if not name[0].isdigit() else f"G_{name}"
+
+
+def user_class_from_config(
+    group: UserGroupConfig, *, host: str, model: str, records_path: Path, seed: int
+) -> type[User]:
+    """A concrete Locust user class for ``group``: ``fixed_count = group.users``.
+
+    The base is :class:`SlowReaderUser` when the group paces reads, sets ``rcvbuf_bytes`` or
+    has an action, else :class:`StreamingUser`; every field of ``group`` overrides the base's
+    defaults. The class name is ``group.name`` made an identifier. ``records_path``: the
+    JSON-lines file the records are appended to.
+    """
+    slow = isinstance(group.read, Paced) or group.rcvbuf_bytes is not None or group.action
+    base: type[StreamingUser] = SlowReaderUser if slow else StreamingUser
+    attrs: dict[str, Any] = {
+        "__module__": __name__,
+        "__doc__": f"User group {group.name!r} ({group.users} users).",
+        "abstract": False,
+        "host": host,
+        "model": model,
+        "fixed_count": group.users,
+        "wait_time": constant(group.wait_s),
+        "requests_per_user": group.requests_per_user,
+        "group_name": group.name,
+        "network_profile": group.network_profile,
+        "endpoint": group.endpoint,
+        "prompt_tokens": group.prompt_tokens,
+        "max_tokens": group.max_tokens,
+        "ignore_eos": group.ignore_eos,
+        "timeout_s": group.timeout_s,
+        "read": group.read,
+        "action": group.action,
+        "rcvbuf_bytes": group.rcvbuf_bytes,
+        "records_path": Path(records_path),
+        "seed": seed,
+    }
+    return type(_class_name(group.name), (base,), attrs)
