@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from rich.console import Console
 from rich.table import Table
 
@@ -14,7 +16,8 @@ def _f(value: float | None, digits: int = 1) -> str:
 
 def print_summary(summary: RunSummary, *, run_dir: str, console: Console | None = None) -> None:
     """Print ``summary`` as tables; latencies in ms."""
-    console = console or Console()
+    # Off a terminal rich assumes 80 columns, too narrow for the group table.
+    console = console or Console(width=None if sys.stdout.isatty() else 160)
     groups = Table(title=f"{summary.scenario}: user groups", title_justify="left")
     for col in (
         "group", "requests", "outcomes", "TTFT p50", "TTFT p90", "TTFT p99",

@@ -6,10 +6,12 @@ run, reports whether it is still alive, and is stopped in the run's clean-up.
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
@@ -50,7 +52,9 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def wait_healthy(base_url: str, *, timeout_s: float, alive: Any = None, log_hint: str = "") -> None:
+def wait_healthy(
+    base_url: str, *, timeout_s: float, alive: Callable[[], str | None] | None = None
+) -> None:
     """Poll ``GET {base_url}/health`` until it answers 200.
 
     ``alive`` is an optional callable returning a failure reason or ``None``; polling stops
@@ -61,7 +65,7 @@ def wait_healthy(base_url: str, *, timeout_s: float, alive: Any = None, log_hint
     with httpx.Client(timeout=2.0) as client:
         while time.monotonic() < deadline:
             if alive is not None and (reason := alive()):
-                raise TargetError(f"target failed while starting: {reason}{log_hint}")
+                raise TargetError(f"target failed while starting: {reason}")
             try:
                 response = client.get(f"{base_url}/health")
                 if response.status_code == 200:
@@ -70,9 +74,7 @@ def wait_healthy(base_url: str, *, timeout_s: float, alive: Any = None, log_hint
             except httpx.HTTPError as exc:
                 last = type(exc).__name__
             time.sleep(0.5)
-    raise TargetError(
-        f"{base_url}/health did not answer 200 within {timeout_s:g} s (last: {last}){log_hint}"
-    )
+    raise TargetError(f"{base_url}/health did not answer 200 within {timeout_s:g} s (last: {last})")
 
 
 class VllmTarget:
@@ -111,12 +113,21 @@ class VllmTarget:
             self.proc = start_process(self.argv, log_path=self.log_path, env=self.config.env)
         except OSError as exc:
             raise TargetError(f"cannot start vLLM ({self.argv[0]}): {exc}") from None
-        wait_healthy(
-            self.base_url,
-            timeout_s=self.config.startup_timeout_s,
-            alive=self.failure,
-            log_hint=f"; see {self.log_path}",
-        )
+        try:
+            wait_healthy(self.base_url, timeout_s=self.config.startup_timeout_s, alive=self.failure)
+        except TargetError as exc:
+            raise TargetError(f"{exc}{self._last_error()}; see {self.log_path}") from None
+
+    def _last_error(self) -> str:
+        """The last exception line of the log (``ValueError: ...``), prefixed for a message."""
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        found = ""
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            match = re.search(r"\b([A-Z]\w*(Error|Exception)): (.+)$", line)
+            if match and "See root cause" not in line and "see stack trace" not in line.lower():
+                found = f" ({match.group(1)}: {match.group(3).strip()})"
+        return found
 
     def failure(self) -> str | None:
         if self.proc is None:
