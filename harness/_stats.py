@@ -11,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 
-def percentile(values: Sequence[float] | np.ndarray, q: float) -> float | None:
+def percentile(values: ArrayLike, q: float) -> float | None:
     """The ``q``-th percentile (0..100, linear interpolation, numpy's default) of ``values``,
     or ``None`` when there are none. NaNs are ignored. Raises ``ValueError`` if ``q`` is outside
     0..100."""

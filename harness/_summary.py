@@ -103,7 +103,7 @@ def summarize_group(name: str, requests: pd.DataFrame, chunks: pd.DataFrame) -> 
         e2e_p50_ms=percentile(req["e2e_ms"].dropna(), 50),
         output_tokens=tokens,
         output_tokens_per_s=tokens / span if span else None,
-        server_send_q_peak_bytes=None if _maybe(peak_q) is None else int(peak_q),
+        server_send_q_peak_bytes=None if (q := _maybe(peak_q)) is None else int(q),
     )
 
 

@@ -77,7 +77,7 @@ def kv_held_verdict(
     m = metrics[metrics["scrape_ok"]].dropna(subset=list(needed)).sort_values("t")
     if m.empty:
         return empty
-    send_q = sockets.groupby("t", as_index=False)["send_q_bytes"].sum().sort_values("t")
+    send_q = sockets.groupby("t")["send_q_bytes"].sum().sort_index().reset_index()
     joined = pd.merge_asof(m, send_q, on="t", direction="backward")
     joined["send_q_bytes"] = joined["send_q_bytes"].fillna(0)
     idle = (joined["num_requests_running"] == 0) & (joined["num_requests_waiting"] == 0)
