@@ -123,7 +123,7 @@ class _Run:
 
     # -- phases -------------------------------------------------------------------------
 
-    def _start(self) -> None:
+    def _start_target(self) -> None:
         self.target.start(self.run_dir)
         port = int(self.target.base_url.rsplit(":", 1)[1].split("/")[0])
         c = self.scenario.collectors
@@ -131,7 +131,11 @@ class _Run:
         self.sockets = SocketSampler(port, interval_s=c.sockets_interval_s)
         self.scraper.start()
         self.sockets.start()
-        for group in self.scenario.groups:
+
+    def _start_load(self) -> None:
+        t_load = time.monotonic()
+        for group in sorted(self.scenario.groups, key=lambda g: g.start_after_s):
+            self._sleep_checking(t_load + group.start_after_s - time.monotonic())
             self.loads.append(
                 start_load(
                     group,
@@ -156,6 +160,14 @@ class _Run:
             )
         return reason
 
+    def _sleep_checking(self, duration_s: float) -> None:
+        """Sleep ``duration_s`` seconds, raising :class:`TargetError` if the target fails."""
+        end = time.monotonic() + duration_s
+        while (left := end - time.monotonic()) > 0:
+            if reason := self._target_failure():
+                raise TargetError(reason)
+            time.sleep(min(0.2, left))
+
     def _wait(self) -> None:
         deadline = self.t_start + self.scenario.max_duration_s + 30
         while any(load.running() for load in self.loads):
@@ -166,19 +178,16 @@ class _Run:
                     f"load did not finish within max_duration_s={self.scenario.max_duration_s:g}"
                 )
             time.sleep(0.2)
-        cooldown_end = time.monotonic() + self.scenario.cooldown_s
-        while time.monotonic() < cooldown_end:
-            if reason := self._target_failure():
-                raise TargetError(reason)
-            time.sleep(0.2)
+        self._sleep_checking(self.scenario.cooldown_s)
 
     def execute(self) -> RunResult:
         _write_json(self.run_dir / "run.json", self.info)
         started = False
         with _signals_raise() as received:
             try:
-                self._start()
+                self._start_target()
                 started = True
+                self._start_load()
                 self._wait()
             except RunInterrupted as exc:
                 self.status, self.exit_code = "interrupted", EXIT_INTERRUPTED

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from harness._sim import SimConfig
 from loadgen import UserGroupConfig
 
 
@@ -66,7 +67,23 @@ class UrlTargetConfig(_Strict):
         return value.rstrip("/")
 
 
-TargetConfig = Annotated[VllmTargetConfig | UrlTargetConfig, Field(discriminator="kind")]
+class SimTargetConfig(_Strict):
+    """Start the built-in engine emulator for the run. ``engine`` holds its settings
+    (``kv_release``, ``num_blocks``, ``block_size``, step-time model...; see
+    ``harness._sim.SimConfig``)."""
+
+    kind: Literal["sim"]
+    served_model_name: str = "sim"
+    host: str = "127.0.0.1"
+    port: int = Field(0, ge=0, le=65535, description="0 picks a free port")
+    engine: SimConfig = SimConfig()
+    startup_timeout_s: float = Field(30.0, gt=0)
+    stop_grace_s: float = Field(5.0, gt=0)
+
+
+TargetConfig = Annotated[
+    VllmTargetConfig | SimTargetConfig | UrlTargetConfig, Field(discriminator="kind")
+]
 
 
 class CollectorConfig(_Strict):
@@ -79,8 +96,7 @@ class CollectorConfig(_Strict):
 class VerdictConfig(_Strict):
     """Settings of the "KV held by undelivered streams" verdict.
 
-    The engine is taken to have finished generating when it reports no running and no waiting
-    request, or, if ``generation_bound_s`` is set, that many seconds after the first request was
+    The engine is taken to have finished generating when it reports no running request, or, if ``generation_bound_s`` is set, that many seconds after the first request was
     sent, whichever comes first. ``min_observe_s`` is how long undelivered data must be seen in
     Send-Q after that for a "none held" answer to count.
     """

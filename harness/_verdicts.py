@@ -1,11 +1,13 @@
 """Verdicts: answers to the toolkit's questions, computed from what was measured.
 
 **KV held by undelivered streams.** Once the engine has finished generating (it reports no
-running and no waiting request, or a configured bound has passed), any KV cache usage that
+running request, or a configured bound has passed), any KV cache usage that
 remains while server sockets still hold undelivered bytes in Send-Q is KV held hostage by slow
 readers. The verdict is ``held`` (with the peak usage, how long, and KV-seconds, the integral
 of the usage fraction over time), ``none`` (usage was 0 throughout a long enough window with
 undelivered data), or ``not_observed`` (no such window: the experiment could not tell).
+Waiting requests do not count against "finished": on a server that couples KV to the socket,
+requests that cannot be admitted because held KV fills the cache are the hostage effect itself.
 """
 
 from __future__ import annotations
@@ -54,6 +56,17 @@ class KvHeldVerdict:
         return {**asdict(self), "line": self.line()}
 
 
+def _held_episodes(proof: np.ndarray, holding: np.ndarray) -> np.ndarray:
+    """Samples that belong to a held episode: one starts at a ``proof`` sample and lasts while
+    ``holding`` stays true."""
+    held = np.zeros(len(proof), dtype=bool)
+    active = False
+    for i in range(len(proof)):
+        active = bool(proof[i]) or (active and bool(holding[i]))
+        held[i] = active
+    return held
+
+
 def kv_held_verdict(
     metrics: pd.DataFrame,
     sockets: pd.DataFrame,
@@ -64,14 +77,20 @@ def kv_held_verdict(
 ) -> KvHeldVerdict:
     """Compute the KV-held verdict.
 
-    ``metrics`` has columns ``t``, ``scrape_ok``, ``kv_cache_usage`` (0..1),
-    ``num_requests_running``, ``num_requests_waiting``; ``sockets`` has ``t`` and
+    ``metrics`` has columns ``t``, ``scrape_ok``, ``kv_cache_usage`` (0..1) and
+    ``num_requests_running``; ``sockets`` has ``t`` and
     ``send_q_bytes`` per connection and sample. Each successful scrape is paired with the latest
-    socket sample at or before it. A scrape counts as after generation when running and waiting
-    are both 0, or when ``generation_bound_s`` has passed since ``t_first_send``.
+    socket sample at or before it. A scrape counts as after generation when no request is
+    running, or when ``generation_bound_s`` has passed since ``t_first_send``.
+
+    KV counts as held from the first scrape after generation with KV usage above 0 and bytes in
+    Send-Q, for as long as both stay above 0, even while requests run again: on a coupled
+    engine, victims admitted into the few free blocks run, get preempted and wait in turn, so
+    "running" flickers while the hostage KV stays. ``kv_seconds`` integrates the whole KV usage
+    over those episodes, an upper bound when victims run meanwhile.
     """
     empty = KvHeldVerdict("not_observed", 0.0, 0.0, 0.0, 0.0, 0, None)
-    needed = {"kv_cache_usage", "num_requests_running", "num_requests_waiting"}
+    needed = {"kv_cache_usage", "num_requests_running"}
     if metrics.empty or sockets.empty or not needed <= set(metrics.columns):
         return empty
     m = metrics[metrics["scrape_ok"]].dropna(subset=list(needed)).sort_values("t")
@@ -80,7 +99,7 @@ def kv_held_verdict(
     send_q = sockets.groupby("t")["send_q_bytes"].sum().sort_index().reset_index()
     joined = pd.merge_asof(m, send_q, on="t", direction="backward")
     joined["send_q_bytes"] = joined["send_q_bytes"].fillna(0)
-    idle = (joined["num_requests_running"] == 0) & (joined["num_requests_waiting"] == 0)
+    idle = joined["num_requests_running"] == 0
     if generation_bound_s is not None and t_first_send is not None:
         idle |= joined["t"] >= t_first_send + generation_bound_s
     after = idle & (joined["send_q_bytes"] > 0)
@@ -91,14 +110,16 @@ def kv_held_verdict(
     dt = joined["t"].diff().shift(-1).fillna(0.0).to_numpy()
     window = after.to_numpy()
     usage = joined["kv_cache_usage"].to_numpy()
-    held = window & (usage > 0)
+    held = _held_episodes(
+        window & (usage > 0), (joined["send_q_bytes"] > 0).to_numpy() & (usage > 0)
+    )
     window_s = float(dt[window].sum())
     verdict = KvHeldVerdict(
         status="held" if held.any() else "none",
         window_s=window_s,
         kv_held_s=float(dt[held].sum()),
-        kv_held_peak_perc=float(np.max(usage[window]) * 100.0),
-        kv_seconds=float((usage * dt)[window].sum()),
+        kv_held_peak_perc=float(np.max(usage[held], initial=0.0) * 100.0),
+        kv_seconds=float((usage * dt)[held].sum()),
         undelivered_peak_bytes=int(joined.loc[after, "send_q_bytes"].max()),
         t_generation_end=t_end,
     )

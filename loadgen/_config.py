@@ -25,7 +25,9 @@ class UserGroupConfig(BaseModel):
     ``network_profile``: label of the link the group's process runs behind (recorded as is).
     ``endpoint``: ``completions`` (``/v1/completions``) or ``chat`` (``/v1/chat/completions``).
     ``prompt_tokens``: approximate prompt length (words of a deterministic prompt).
-    ``timeout_s``: per-request deadline from send to end.
+    ``timeout_s``: per-request deadline from send to end. ``start_after_s``: how long after the
+    run's load phase begins the group's users start (the harness starts the group's process
+    that much later; a plain locustfile ignores it).
 
     Validation errors (``pydantic.ValidationError``): out-of-range numbers, unknown fields or
     kinds, and a ``stall``/``stop_reading`` pause not shorter than ``timeout_s``.
@@ -46,6 +48,7 @@ class UserGroupConfig(BaseModel):
     max_tokens: int = Field(default=128, ge=1)
     ignore_eos: bool = True
     timeout_s: float = Field(default=120.0, gt=0)
+    start_after_s: float = Field(default=0.0, ge=0)
 
     @model_validator(mode="after")
     def _pause_fits_deadline(self) -> UserGroupConfig:

@@ -73,3 +73,25 @@ def test_generation_bound_counts_when_running_never_drops():
     )
     assert v.status == "held"
     assert v.t_generation_end == 1.0
+
+
+def test_held_while_waiting_requests_are_stuck_behind_held_kv():
+    # Coupled engine: nothing runs, 8 requests wait for blocks that undelivered streams hold.
+    metrics = _metrics([0.9, 0.78, 0.78, 0.78, 0.0], [4, 0, 0, 0, 4])
+    metrics["num_requests_waiting"] = [3, 8, 8, 8, 0]
+    v = kv_held_verdict(metrics, _sockets([10, 900, 900, 900, 0]), t_first_send=0.0)
+    assert v.status == "held"
+    assert v.kv_held_s == pytest.approx(3.0)
+    assert v.kv_held_peak_perc == pytest.approx(78.0)
+
+
+def test_held_episode_spans_victims_that_flicker_in_and_out():
+    # KV stays held for 4 s while a victim is admitted, preempted and re-admitted.
+    v = kv_held_verdict(
+        _metrics([0.9, 0.9, 0.95, 0.9, 0.95, 0.0], [0, 0, 1, 0, 1, 0]),
+        _sockets([500, 500, 500, 500, 500, 0]),
+        t_first_send=0.0,
+    )
+    assert v.status == "held"
+    assert v.kv_held_s == pytest.approx(5.0)
+    assert v.kv_held_peak_perc == pytest.approx(95.0)

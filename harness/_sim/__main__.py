@@ -1,0 +1,70 @@
+"""Command line of the engine emulator: ``python -m harness._sim --port N [options]``.
+
+Every ``SimConfig`` field is an option (``--kv-release on_delivery``, ``--num-blocks 64``,
+...); ``--host``, ``--port``, ``--loop`` and ``--log-level`` go to uvicorn. SIGTERM and SIGINT shut
+down gracefully (exit status 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import typing
+from collections.abc import Sequence
+from typing import Any
+
+from harness._sim._config import SimConfig
+from harness._sim._server import serve
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """An argparse parser with one option per ``SimConfig`` field, plus host/port."""
+    parser = argparse.ArgumentParser(
+        prog="python -m harness._sim",
+        description="zerowindow engine emulator (OpenAI-compatible, vLLM metric names)",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000, help="0: let the OS choose")
+    parser.add_argument(
+        "--loop",
+        default="auto",
+        choices=["auto", "asyncio", "uvloop"],
+        help="uvicorn event loop (auto: uvloop when installed, as vllm serve)",
+    )
+    parser.add_argument(
+        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+    )
+    for name, field in SimConfig.model_fields.items():
+        option = "--" + name.replace("_", "-")
+        annotation = field.annotation
+        args = typing.get_args(annotation)
+        kind: Any
+        choices: tuple[Any, ...] | None
+        if typing.get_origin(annotation) is typing.Literal:
+            choices, kind = args, str
+        else:
+            # plain types, or "X | None": parse as X
+            choices, kind = None, next((a for a in args if a is not type(None)), annotation)
+        parser.add_argument(
+            option,
+            dest=name,
+            type=kind,
+            choices=choices,
+            default=argparse.SUPPRESS,
+            help=f"{field.description or name} (default: {field.default})",
+        )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv``, validate the config and serve until a signal; the exit status."""
+    args = vars(build_parser().parse_args(argv))
+    host, port, log_level = args.pop("host"), args.pop("port"), args.pop("log_level")
+    loop = args.pop("loop")
+    config = SimConfig(**args)
+    serve(config, host=host, port=port, log_level=log_level, loop=loop)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,367 @@
+"""OpenAI-compatible request parsing and response shapes, byte for byte as vLLM sends them.
+
+Shapes are copied from vLLM 0.32: streaming chunks from
+``vllm/entrypoints/openai/completion/serving.py`` (``completion_stream_generator``) and
+``vllm/entrypoints/openai/chat_completion/serving.py`` (``chat_completion_stream_generator``),
+which serialize with ``model_dump_json(exclude_unset=True)``; non-streaming bodies from the
+same files' full generators, returned as ``JSONResponse(content=response.model_dump())``;
+``/v1/models`` from ``vllm/entrypoints/openai/models/serving.py``. The JSON below was
+checked against those pydantic models' own output. Chunks are built from string templates
+because the emulator must serve tens of thousands of them per second.
+
+Token counting stands in for a tokenizer: a prompt has one token per word or punctuation
+mark (at least one); a chat prompt adds 4 tokens per message and 3 for the generation
+prompt, roughly what chat templates add. A list of token ids counts its length.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from harness._sim._config import SimConfig
+from harness._sim._scheduler import VOCAB
+
+_WORD = re.compile(r"\w+|[^\w\s]")
+_TOKEN_TEXT: tuple[str, ...] = tuple(" " + w for w in VOCAB) + ("",)  # EOS has no text
+DONE = b"data: [DONE]\n\n"
+
+
+class RequestError(Exception):
+    """A request vLLM would reject; ``status`` is the HTTP status, ``kind`` the error type."""
+
+    def __init__(self, message: str, *, status: int = 400, kind: str = "BadRequestError",
+                 param: str | None = None) -> None:  # fmt: skip
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.kind = kind
+        self.param = param
+
+    def body(self) -> dict[str, Any]:
+        """vLLM's ``ErrorResponse`` (``vllm/entrypoints/serve/engine/protocol.py``)."""
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.status,
+            }
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationParams:
+    """What the engine and the renderer need from one request (token counts in tokens)."""
+
+    chat: bool
+    prompt_len: int
+    max_tokens: int
+    ignore_eos: bool
+    stream: bool
+    include_usage: bool
+    continuous_usage: bool
+    seed: int
+
+
+def count_tokens(text: str) -> int:
+    """Emulated token count of ``text``: words and punctuation marks, at least 1."""
+    return max(1, len(_WORD.findall(text)))
+
+
+def token_text(token_ids: list[int]) -> str:
+    """Text of token ids (each word with a leading space; EOS is empty)."""
+    texts = _TOKEN_TEXT
+    if len(token_ids) == 1:
+        return texts[token_ids[0]]
+    return "".join([texts[t] for t in token_ids])
+
+
+def _prompt_len(body: dict[str, Any]) -> tuple[int, str]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return count_tokens(prompt), prompt
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(t, int) for t in prompt):
+            return len(prompt), json.dumps(prompt)
+        if len(prompt) == 1:
+            first = prompt[0]
+            if isinstance(first, str):
+                return count_tokens(first), first
+            if isinstance(first, list) and first and all(isinstance(t, int) for t in first):
+                return len(first), json.dumps(first)
+        raise RequestError("the sim engine serves one prompt per request", param="prompt")
+    raise RequestError("prompt must be a string or a list of token ids", param="prompt")
+
+
+def _chat_prompt_len(body: dict[str, Any]) -> tuple[int, str]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("messages must be a non-empty list", param="messages")
+    total = 3
+    parts: list[str] = []
+    for message in messages:
+        if not isinstance(message, dict):
+            raise RequestError("each message must be an object", param="messages")
+        content = message.get("content")
+        if isinstance(content, list):
+            content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        text = "" if content is None else str(content)
+        total += 4 + (len(_WORD.findall(text)))
+        parts.append(f"{message.get('role')}:{text}")
+    return total, "\n".join(parts)
+
+
+def parse_request(body: Any, config: SimConfig, *, chat: bool) -> GenerationParams:
+    """Validate a ``/v1/completions`` (``chat=False``) or ``/v1/chat/completions`` body.
+
+    Raises ``RequestError`` (HTTP 400, or 404 for an unknown model) where vLLM would
+    reject the request: wrong model, ``n`` other than 1, several prompts,
+    ``stream_options`` without ``stream``, a prompt as long as ``max_model_len``.
+    ``max_tokens`` follows vLLM 0.32: 16 by default for completions, unlimited for chat,
+    always capped by what ``max_model_len`` leaves after the prompt
+    (``get_max_tokens`` in ``vllm/entrypoints/serve/utils/api_utils.py``).
+    The per-request seed mixes the server seed, the prompt and the request's ``seed``
+    field, so one prompt always yields the same text (like greedy decoding).
+    """
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    model = body.get("model")
+    if model is not None and model != config.served_model_name:
+        raise RequestError(
+            f"The model `{model}` does not exist.", status=404, kind="NotFoundError",
+            param="model",
+        )  # fmt: skip
+    n = body.get("n", 1)
+    if n not in (1, None):
+        raise RequestError("the sim engine supports n=1 only", param="n")
+    prompt_len, prompt_key = _chat_prompt_len(body) if chat else _prompt_len(body)
+
+    limit = config.max_model_len
+    if prompt_len >= limit:
+        raise RequestError(
+            f"Input length ({prompt_len}) exceeds model's maximum context length ({limit}).",
+            param="prompt",
+        )
+    if chat:
+        max_tokens = body.get("max_completion_tokens")
+        if max_tokens is None:
+            max_tokens = body.get("max_tokens")
+    else:
+        max_tokens = body.get("max_tokens", 16)  # CompletionRequest's default
+    if max_tokens is not None and (
+        not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1
+    ):
+        raise RequestError("max_tokens must be a positive integer", param="max_tokens")
+    # vLLM's get_max_tokens: the request's value capped by what the context has left.
+    room = limit - prompt_len
+    max_tokens = room if max_tokens is None else min(max_tokens, room)
+
+    stream = bool(body.get("stream", False))
+    options = body.get("stream_options")
+    include_usage = continuous = False
+    if options is not None:
+        if not stream:
+            raise RequestError(
+                "Stream options can only be defined when `stream=True`.",
+                param="stream_options",
+            )
+        if not isinstance(options, dict):
+            raise RequestError("stream_options must be an object", param="stream_options")
+        include_usage = bool(options.get("include_usage"))
+        continuous = include_usage and bool(options.get("continuous_usage_stats"))
+
+    material = f"{config.seed}\0{body.get('seed')}\0{prompt_key}".encode()
+    seed = int.from_bytes(hashlib.blake2b(material, digest_size=8).digest(), "big")
+    return GenerationParams(
+        chat=chat,
+        prompt_len=prompt_len,
+        max_tokens=max_tokens,
+        ignore_eos=bool(body.get("ignore_eos", False)),
+        stream=stream,
+        include_usage=include_usage,
+        continuous_usage=continuous,
+        seed=seed,
+    )
+
+
+def _dumps(obj: Any) -> str:
+    # Starlette's JSONResponse.render: compact, UTF-8.
+    return json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+class Renderer:
+    """Builds the SSE events and JSON bodies of one response (vLLM's shapes).
+
+    Event methods return complete ``data: ...\\n\\n`` events as bytes; token counts are in
+    tokens.
+    """
+
+    __slots__ = ("params", "request_id", "_head", "_chat", "_p", "_model", "_created")
+
+    def __init__(self, params: GenerationParams, model: str) -> None:
+        self.params = params
+        self._chat = params.chat
+        self._p = params.prompt_len
+        self._model = model
+        prefix = "chatcmpl-" if params.chat else "cmpl-"
+        self.request_id = prefix + secrets.token_hex(8)  # vllm.utils.random_uuid: 16 hex
+        created = self._created = int(time.time())
+        obj = "chat.completion.chunk" if params.chat else "text_completion"
+        self._head = (
+            f'data: {{"id":"{self.request_id}","object":"{obj}","created":{created},'
+            f'"model":{_dumps(model)},"choices":'
+        )
+
+    def _usage(self, completion_tokens: int, details: bool) -> str:
+        p = self._p
+        tail = ',"completion_tokens_details":null' if details else ""
+        return (
+            f'"usage":{{"prompt_tokens":{p},"total_tokens":{p + completion_tokens},'
+            f'"completion_tokens":{completion_tokens}{tail}}}'
+        )
+
+    def role_event(self) -> bytes:
+        """Chat only: the first event, carrying the assistant role and empty content."""
+        usage = "," + self._usage(0, True) if self.params.continuous_usage else ""
+        return (
+            f'{self._head}[{{"index":0,"delta":{{"role":"assistant","content":""}},'
+            f'"logprobs":null,"finish_reason":null}}]{usage},'
+            f'"prompt_token_ids":null,"prompt_text":null}}\n\n'
+        ).encode()
+
+    def token_event(self, text: str, completion_tokens: int, finish_reason: str | None) -> bytes:
+        """An event with new text; ``completion_tokens`` is cumulative (continuous usage)."""
+        reason = "null" if finish_reason is None else f'"{finish_reason}"'
+        quoted = f'"{text}"'  # token texts are ASCII letters and spaces: nothing to escape
+        if self._chat:
+            stop = ',"stop_reason":null' if finish_reason is not None else ""
+            choice = (
+                f'{{"index":0,"delta":{{"content":{quoted}}},"logprobs":null,'
+                f'"finish_reason":{reason}{stop},"token_ids":null}}'
+            )
+        else:
+            choice = (
+                f'{{"index":0,"text":{quoted},"logprobs":null,'
+                f'"finish_reason":{reason},"stop_reason":null,"prompt_token_ids":null,'
+                f'"token_ids":null}}'
+            )
+        if self.params.continuous_usage:
+            usage = "," + self._usage(completion_tokens, self._chat)
+            return f"{self._head}[{choice}]{usage}}}\n\n".encode()
+        return f"{self._head}[{choice}]}}\n\n".encode()
+
+    def usage_event(self, completion_tokens: int) -> bytes:
+        """The final usage-only event (empty ``choices``), sent when include_usage is set."""
+        return f"{self._head}[],{self._usage(completion_tokens, False)}}}\n\n".encode()
+
+    def full_body(self, text: str, completion_tokens: int, finish_reason: str) -> bytes:
+        """The non-streaming response body (JSON)."""
+        p = self._p
+        usage = {
+            "prompt_tokens": p,
+            "total_tokens": p + completion_tokens,
+            "completion_tokens": completion_tokens,
+            "prompt_tokens_details": None,
+            "completion_tokens_details": None,
+        }
+        created = self._created
+        if self._chat:
+            body: dict[str, Any] = {
+                "id": self.request_id,
+                "object": "chat.completion",
+                "created": created,
+                "model": self._model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {
+                            "role": "assistant",
+                            "content": text,
+                            "refusal": None,
+                            "annotations": None,
+                            "audio": None,
+                            "function_call": None,
+                            "reasoning": None,
+                        },
+                        "logprobs": None,
+                        "finish_reason": finish_reason,
+                        "stop_reason": None,
+                        "token_ids": None,
+                        "routed_experts": None,
+                    }
+                ],
+                "service_tier": None,
+                "system_fingerprint": None,
+                "usage": usage,
+                "prompt_logprobs": None,
+                "prompt_token_ids": None,
+                "prompt_text": None,
+                "kv_transfer_params": None,
+                "ec_transfer_params": None,
+                "metrics": None,
+            }
+        else:
+            body = {
+                "id": self.request_id,
+                "object": "text_completion",
+                "created": created,
+                "model": self._model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "text": text,
+                        "logprobs": None,
+                        "finish_reason": finish_reason,
+                        "stop_reason": None,
+                        "token_ids": None,
+                        "prompt_logprobs": None,
+                        "prompt_token_ids": None,
+                        "routed_experts": None,
+                    }
+                ],
+                "service_tier": None,
+                "system_fingerprint": None,
+                "usage": usage,
+                "kv_transfer_params": None,
+                "ec_transfer_params": None,
+                "metrics": None,
+            }
+        return _dumps(body).encode()
+
+
+def models_body(config: SimConfig) -> bytes:
+    """The ``/v1/models`` body: one model card, vLLM's ``ModelList`` shape."""
+    created = int(time.time())
+    name = config.served_model_name
+    card = {
+        "id": name,
+        "object": "model",
+        "created": created,
+        "owned_by": "vllm",
+        "root": name,
+        "parent": None,
+        "max_model_len": config.max_model_len,
+        "permission": [
+            {
+                "id": "modelperm-" + secrets.token_hex(8),
+                "object": "model_permission",
+                "created": created,
+                "allow_create_engine": False,
+                "allow_sampling": True,
+                "allow_logprobs": True,
+                "allow_search_indices": False,
+                "allow_view": True,
+                "allow_fine_tuning": False,
+                "organization": "*",
+                "group": None,
+                "is_blocking": False,
+            }
+        ],
+    }
+    return _dumps({"object": "list", "data": [card]}).encode()
