@@ -96,8 +96,9 @@ class CollectorConfig(_Strict):
 class VerdictConfig(_Strict):
     """Settings of the "KV held by undelivered streams" verdict.
 
-    The engine is taken to have finished generating when it reports no running request, or, if ``generation_bound_s`` is set, that many seconds after the first request was
-    sent, whichever comes first. ``min_observe_s`` is how long undelivered data must be seen in
+    The engine is taken to have finished generating when it reports no running request, or, if
+    ``generation_bound_s`` is set, that many seconds after the first request was sent,
+    whichever comes first. ``min_observe_s`` is how long undelivered data must be seen in
     Send-Q after that for a "none held" answer to count.
     """
 
