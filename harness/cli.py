@@ -18,6 +18,8 @@ app = typer.Typer(
 )
 model_app = typer.Typer(help="Models for tests and demos.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
+serve_app = typer.Typer(help="Servers the toolkit ships.", no_args_is_help=True)
+app.add_typer(serve_app, name="serve")
 
 
 @app.command()
@@ -51,6 +53,19 @@ def model_tiny(
 
     path = make_tiny_model(out_dir, seed=seed)
     typer.echo(f"tiny model written to {path}")
+
+
+@serve_app.command(
+    "sim",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+)
+def serve_sim(ctx: typer.Context) -> None:
+    """Run the engine emulator in the foreground (options: --help; every SimConfig field, e.g.
+    --port 8000 --kv-release on_delivery --num-blocks 64)."""
+    from harness._sim.__main__ import main as sim_main
+
+    raise typer.Exit(sim_main(ctx.args))
 
 
 def main() -> None:

@@ -89,3 +89,9 @@ def test_cli_missing_file_exits_2(tmp_path):
     result = run_cli("run", str(tmp_path / "nope.toml"), timeout=120)
     assert result.returncode == 2
     assert "cannot read the scenario file" in result.stderr
+
+
+def test_serve_sim_passes_options_to_the_emulator():
+    result = run_cli("serve", "sim", "--num-blocks", "x", timeout=120)
+    assert result.returncode == 2
+    assert "--num-blocks: invalid int value: 'x'" in result.stderr
