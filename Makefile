@@ -31,6 +31,9 @@ test: setup
 unit: setup
 	$(PY) -m pytest -q -m "not vllm"
 
+bench: setup
+	$(PY) bench/run.py
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check loadgen netem harness tests
 	$(VENV)/bin/mypy loadgen netem harness

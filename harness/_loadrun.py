@@ -1,7 +1,7 @@
 """Load processes: one headless Locust process per user group.
 
 Each group runs ``locust -f loadgen/locustfile.py --headless`` with its own configuration file,
-log and records file in the run folder; Locust's own statistics go to ``locust-<group>_*.csv``.
+log and records file in the run folder; Locust's own summary statistics end the log.
 """
 
 from __future__ import annotations
@@ -75,7 +75,6 @@ def start_load(
         "-r", str(group.users),
         "--run-time", f"{max(1, int(max_duration_s))}s",
         "--stop-timeout", "5",
-        "--csv", str(run_dir / f"locust-{group.name}"),
         "--only-summary",
         "--zw-group-config", str(config_path),
     ]  # fmt: skip

@@ -14,6 +14,7 @@ import shutil
 import signal
 import sys
 import time
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -21,13 +22,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 from typing import Any
+from urllib.parse import urlsplit
 
 import pandas as pd
+from pydantic import ValidationError
 
 from harness._collectors import MetricsScraper, SocketSampler
 from harness._loadrun import LoadProcess, records_path, start_load
 from harness._runinfo import host_facts, versions
-from harness._scenario import Scenario, UrlTargetConfig
+from harness._scenario import Scenario, ScenarioError, UrlTargetConfig
 from harness._summary import (
     RunSummary,
     group_names,
@@ -109,7 +112,7 @@ class _Run:
         self.status = "complete"
         self.failure: str | None = None
         self.exit_code = EXIT_OK
-        self.t_start = time.monotonic()
+        self.t_start = self.t_load = time.monotonic()
         self.info: dict[str, Any] = {
             "scenario": scenario.model_dump(mode="json"),
             "scenario_path": str(scenario_path) if scenario_path else None,
@@ -125,7 +128,8 @@ class _Run:
 
     def _start_target(self) -> None:
         self.target.start(self.run_dir)
-        port = int(self.target.base_url.rsplit(":", 1)[1].split("/")[0])
+        url = urlsplit(self.target.base_url)
+        port = url.port or (443 if url.scheme == "https" else 80)
         c = self.scenario.collectors
         self.scraper = MetricsScraper(self.target.base_url, interval_s=c.metrics_interval_s)
         self.sockets = SocketSampler(port, interval_s=c.sockets_interval_s)
@@ -133,7 +137,7 @@ class _Run:
         self.sockets.start()
 
     def _start_load(self) -> None:
-        t_load = time.monotonic()
+        self.t_load = t_load = time.monotonic()
         for group in sorted(self.scenario.groups, key=lambda g: g.start_after_s):
             self._sleep_checking(t_load + group.start_after_s - time.monotonic())
             self.loads.append(
@@ -169,7 +173,7 @@ class _Run:
             time.sleep(min(0.2, left))
 
     def _wait(self) -> None:
-        deadline = self.t_start + self.scenario.max_duration_s + 30
+        deadline = self.t_load + self.scenario.max_duration_s + 30
         while any(load.running() for load in self.loads):
             if reason := self._target_failure():
                 raise TargetError(reason)
@@ -199,6 +203,10 @@ class _Run:
             except OSError as exc:
                 self.status, self.exit_code = "failed", EXIT_SETUP
                 self.failure = f"cannot start the run: {exc}"
+            except Exception as exc:  # a bug: keep what was measured, and say so
+                self.status, self.exit_code = "failed", EXIT_FAILED
+                self.failure = f"internal error {type(exc).__name__}: {exc} (see error.log)"
+                (self.run_dir / "error.log").write_text(traceback.format_exc())
             finally:
                 summary = self._finish()
             if received and self.status == "complete":
@@ -266,6 +274,18 @@ class _Run:
         return summary
 
 
+def url_target(scenario: Scenario, url: str) -> UrlTargetConfig:
+    """The scenario's target replaced by the server at ``url``. Raises :class:`ScenarioError`
+    if ``url`` is not an http(s) URL."""
+    try:
+        return UrlTargetConfig(
+            kind="url", url=url, served_model_name=scenario.target.served_model_name
+        )
+    except ValidationError as exc:
+        reason = exc.errors()[0]["msg"].removeprefix("Value error, ")
+        raise ScenarioError(f"--target-url {url!r}: {reason}") from None
+
+
 def run_scenario(
     scenario: Scenario,
     *,
@@ -278,18 +298,11 @@ def run_scenario(
     ``target_url`` attaches to a running server instead of the scenario's target. Never raises
     for failures of the target or the load: they are recorded in ``run.json`` and
     ``summary.json`` and reflected in :attr:`RunResult.exit_code` (0 complete, 1 failed during
-    the run, 2 could not start, 130 interrupted by SIGINT/SIGTERM).
+    the run, 2 could not start, 130 interrupted by SIGINT/SIGTERM). Raises
+    :class:`ScenarioError` only for an invalid ``target_url``, before anything starts.
     """
     if target_url is not None:
-        scenario = scenario.model_copy(
-            update={
-                "target": UrlTargetConfig(
-                    kind="url",
-                    url=target_url,
-                    served_model_name=scenario.target.served_model_name,
-                )
-            }
-        )
+        scenario = scenario.model_copy(update={"target": url_target(scenario, target_url)})
     run_dir = new_run_dir(out_root, scenario.name)
     if scenario_path is not None:
         shutil.copyfile(scenario_path, run_dir / "scenario.toml")

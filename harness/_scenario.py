@@ -162,9 +162,15 @@ def _format_errors(path: Path, text: str, error: ValidationError) -> str:
     lines = text.splitlines()
     out = []
     for err in error.errors():
-        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p in _UNION_TAGS))
+        raw = err["loc"]
+        loc = tuple(
+            p
+            for i, p in enumerate(raw)
+            if not (i > 0 and raw[i - 1] in _UNIONS and p in _UNION_TAGS)
+        )
         field = ".".join(str(p) for p in loc) or "(top level)"
-        line = _find_line(lines, loc)
+        # A missing field is not in the text: point at the table that lacks it.
+        line = _find_line(lines, loc[:-1] if err["type"] == "missing" else loc)
         where = f"{path}:{line}" if line else str(path)
         got = ""
         if (
@@ -177,7 +183,8 @@ def _format_errors(path: Path, text: str, error: ValidationError) -> str:
     return "\n".join(out)
 
 
-# Discriminated-union tags that pydantic inserts into error locations.
+# Discriminated-union fields, and the tags pydantic inserts after them in error locations.
+_UNIONS = {"target", "read", "action"}
 _UNION_TAGS = {
     "vllm",
     "url",
@@ -216,4 +223,8 @@ def load_scenario(path: str | Path) -> Scenario:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ScenarioError(f"{path}: cannot read the scenario file: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ScenarioError(
+            f"{path}: not a UTF-8 text file (byte {exc.start}: {exc.reason})"
+        ) from None
     return parse_scenario(text, path=path)

@@ -106,7 +106,8 @@ class _ProcessTarget:
     def start(self, run_dir: Path) -> None:
         self.argv = self.build_argv()
         self.log_path = run_dir / self.log_name
-        env = getattr(self.config, "env", {})
+        # Never reach out to a model hub: a model that is not on disk is an error.
+        env = {"HF_HUB_OFFLINE": "1", **getattr(self.config, "env", {})}
         try:
             self.proc = start_process(self.argv, log_path=self.log_path, env=env)
         except OSError as exc:

@@ -49,7 +49,7 @@ class KvHeldVerdict:
             )
         return (
             "KV held by undelivered streams: not observed (no undelivered data in Send-Q after "
-            "generation ended; make slow readers hold their connections longer)"
+            "generation ended)"
         )
 
     def as_dict(self) -> dict[str, Any]:

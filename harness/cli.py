@@ -38,7 +38,11 @@ def run(
     except ScenarioError as exc:
         typer.echo(f"invalid scenario\n{exc}", err=True)
         raise typer.Exit(EXIT_SETUP) from None
-    result = run_scenario(config, scenario_path=scenario, out_root=out, target_url=target_url)
+    try:
+        result = run_scenario(config, scenario_path=scenario, out_root=out, target_url=target_url)
+    except ScenarioError as exc:
+        typer.echo(f"invalid argument\n{exc}", err=True)
+        raise typer.Exit(EXIT_SETUP) from None
     print_summary(result.summary, run_dir=str(result.run_dir))
     raise typer.Exit(result.exit_code)
 

@@ -107,9 +107,6 @@ class _Stream:
         time.sleep(max(0.0, end - self.now()))
         return True
 
-    def discard(self, n_bytes: int) -> None:
-        self.record.bytes_received += n_bytes
-
     def remaining_s(self) -> float:
         return self.deadline - self.now()
 

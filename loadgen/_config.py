@@ -35,7 +35,10 @@ class UserGroupConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    name: str = Field(min_length=1)
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+        description="letters, digits, '_', '.', '-' (it names the group's files)",
+    )
     users: int = Field(ge=1)
     requests_per_user: int = Field(ge=1)
     wait_s: float = Field(default=0.0, ge=0)

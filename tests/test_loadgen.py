@@ -460,7 +460,7 @@ def run_locust(
 def test_locust_cli_runs_a_group_and_quits_by_itself(serve: Any, tmp_path: Path) -> None:
     server = serve(delay_s=0.01, fail_every=3)
     group = UserGroupConfig(
-        name="slow readers",
+        name="slow-readers",
         users=2,
         requests_per_user=3,
         read=Paced(bytes_per_read=512, interval_s=0.01),
@@ -473,7 +473,7 @@ def test_locust_cli_runs_a_group_and_quits_by_itself(serve: Any, tmp_path: Path)
     assert len(got) == 2 * 3
     outcomes = sorted(r.outcome for r in got)
     assert outcomes == ["complete"] * 4 + ["http_error"] * 2  # failures are data: still exit 0
-    assert {r.group for r in got} == {"slow readers"}
+    assert {r.group for r in got} == {"slow-readers"}
     assert {r.user_class for r in got} == {"slow_readers"}
     assert len({r.client_port for r in got}) == 6
     assert len({c.body["prompt"] for c in server.conns}) == 6  # distinct prompts

@@ -95,3 +95,36 @@ def test_serve_sim_passes_options_to_the_emulator():
     result = run_cli("serve", "sim", "--num-blocks", "x", timeout=120)
     assert result.returncode == 2
     assert "--num-blocks: invalid int value: 'x'" in result.stderr
+
+
+def test_missing_field_points_at_its_group_and_union_fields_keep_their_name():
+    text = GOOD.replace("requests_per_user = 1\n\n[[groups]]", "request_per_user = 1\n\n[[groups]]")
+    with pytest.raises(ScenarioError) as exc:
+        parse_scenario(text, path=Path("bad.toml"))
+    first_group = text.splitlines().index("[[groups]]") + 1
+    assert f"bad.toml:{first_group}: field 'groups.0.requests_per_user': Field required" in str(
+        exc.value
+    )
+    with pytest.raises(ScenarioError, match=r"field 'target.url': .*http://"):
+        parse_scenario(GOOD.replace("http://127.0.0.1:9", "ftp://x"), path=Path("bad.toml"))
+
+
+def test_group_names_must_be_usable_as_file_names():
+    with pytest.raises(ScenarioError, match="groups.0.name"):
+        parse_scenario(GOOD.replace('name = "fast"', 'name = "a/b"'), path=Path("bad.toml"))
+
+
+def test_non_utf8_file_is_a_clear_error(tmp_path):
+    bad = tmp_path / "binary.toml"
+    bad.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(ScenarioError, match="not a UTF-8 text file"):
+        load_scenario(bad)
+
+
+def test_cli_rejects_a_target_url_that_is_not_http(tmp_path):
+    good = tmp_path / "good.toml"
+    good.write_text(GOOD)
+    result = run_cli("run", str(good), "--target-url", "foo", "--out", str(tmp_path / "o"))
+    assert result.returncode == 2
+    assert "--target-url 'foo': expected an http:// or https:// URL" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -6,10 +6,13 @@ import time
 from netem import parse_proc_net_tcp, tcp_sockets
 
 HEADER = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid"
-SAMPLE = HEADER + """  timeout inode
+SAMPLE = (
+    HEADER
+    + """  timeout inode
    0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1
    1: 0100007F:1F90 0100007F:D431 01 0000A000:00000010 01:00000014 00000000     0        0 2 1
 """
+)
 
 
 def test_parse_proc_net_tcp_decodes_addresses_ports_and_queues():

@@ -72,7 +72,10 @@ endpoint = "chat"
     assert fast["itl_p50_ms"] is not None and fast["itl_p99_ms"] >= 0
     assert fast["output_tokens"] == 2 * 2 * 64
     metrics = pd.read_parquet(run_dir / "server_metrics.parquet")
-    assert metrics["scrape_ok"].all() and metrics["kv_cache_usage"].max() > 0
+    # Short requests can fall between two scrapes; the success counter cannot.
+    assert metrics["scrape_ok"].all()
+    finished = metrics["request_success_length"].fillna(0)
+    assert finished.iloc[-1] - finished.iloc[0] == 6
     info = json.loads((run_dir / "run.json").read_text())
     assert info["status"] == "complete" and info["versions"]["vllm"]
 
