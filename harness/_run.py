@@ -29,6 +29,7 @@ from pydantic import ValidationError
 
 from harness._collectors import MetricsScraper, SocketSampler
 from harness._loadrun import LoadProcess, records_path, start_load
+from harness._proxies import make_proxy
 from harness._runinfo import host_facts, versions
 from harness._scenario import Scenario, ScenarioError, UrlTargetConfig
 from harness._summary import (
@@ -106,6 +107,8 @@ class _Run:
         self.scenario_path = scenario_path
         self.run_dir = run_dir
         self.target = target
+        self.proxy = make_proxy(scenario.proxy)
+        self.client_url = target.base_url
         self.loads: list[LoadProcess] = []
         self.scraper: MetricsScraper | None = None
         self.sockets: SocketSampler | None = None
@@ -128,7 +131,9 @@ class _Run:
 
     def _start_target(self) -> None:
         self.target.start(self.run_dir)
-        url = urlsplit(self.target.base_url)
+        self.client_url = self.proxy.start(self.run_dir, self.target.base_url)
+        # Undelivered bytes wait in the sockets that face the clients (the proxy's, if any).
+        url = urlsplit(self.client_url)
         port = url.port or (443 if url.scheme == "https" else 80)
         c = self.scenario.collectors
         self.scraper = MetricsScraper(self.target.base_url, interval_s=c.metrics_interval_s)
@@ -144,7 +149,7 @@ class _Run:
                 start_load(
                     group,
                     run_dir=self.run_dir,
-                    host=self.target.base_url,
+                    host=self.client_url,
                     model=self.target.served_model_name,
                     seed=self.scenario.seed,
                     max_duration_s=self.scenario.max_duration_s,
@@ -152,7 +157,7 @@ class _Run:
             )
 
     def _target_failure(self) -> str | None:
-        reason = self.target.failure()
+        reason = self.target.failure() or self.proxy.failure()
         if (
             reason is None
             and self.scraper
@@ -220,7 +225,9 @@ class _Run:
         for sampler in (self.scraper, self.sockets):
             if sampler is not None:
                 sampler.stop()
+        self.proxy.stop()
         self.target.stop()
+        self.info["proxy"] = self.proxy.describe()
         self.info["load_processes"] = [{"group": ld.group, "argv": ld.argv} for ld in self.loads]
         self.info["target"] = self.target.describe()
         return self._write_results()

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from harness._proxies import NoProxyConfig, ProxyConfig
 from harness._sim import SimConfig
 from loadgen import UserGroupConfig
 
@@ -107,8 +108,9 @@ class VerdictConfig(_Strict):
 
 
 class Scenario(_Strict):
-    """A whole experiment. ``max_duration_s`` bounds the load phase; ``cooldown_s`` is how long
-    the collectors keep sampling after the last load process ended."""
+    """A whole experiment. ``proxy`` stands between the clients and the target (default: none).
+    ``max_duration_s`` bounds the load phase; ``cooldown_s`` is how long the collectors keep
+    sampling after the last load process ended."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     description: str = ""
@@ -116,6 +118,7 @@ class Scenario(_Strict):
     max_duration_s: float = Field(600.0, gt=0)
     cooldown_s: float = Field(3.0, ge=0)
     target: TargetConfig
+    proxy: ProxyConfig = NoProxyConfig()
     groups: list[UserGroupConfig] = Field(min_length=1)
     collectors: CollectorConfig = CollectorConfig()
     verdict: VerdictConfig = VerdictConfig()
@@ -184,8 +187,10 @@ def _format_errors(path: Path, text: str, error: ValidationError) -> str:
 
 
 # Discriminated-union fields, and the tags pydantic inserts after them in error locations.
-_UNIONS = {"target", "read", "action"}
+_UNIONS = {"target", "proxy", "read", "action"}
 _UNION_TAGS = {
+    "none",
+    "nginx",
     "vllm",
     "url",
     "full_speed",

@@ -83,8 +83,9 @@ def kv_held_verdict(
     socket sample at or before it. A scrape counts as after generation when no request is
     running, or when ``generation_bound_s`` has passed since ``t_first_send``.
 
-    KV counts as held from the first scrape after generation with KV usage above 0 and bytes in
-    Send-Q, for as long as both stay above 0, even while requests run again: on a coupled
+    KV counts as held from the first of two scrapes in a row after generation with KV usage
+    above 0 and bytes in Send-Q, for as long as both stay above 0, even while requests run
+    again: on a coupled
     engine, victims admitted into the few free blocks run, get preempted and wait in turn, so
     "running" flickers while the hostage KV stays. ``kv_seconds`` integrates the whole KV usage
     over those episodes, an upper bound when victims run meanwhile.
@@ -110,9 +111,13 @@ def kv_held_verdict(
     dt = joined["t"].diff().shift(-1).fillna(0.0).to_numpy()
     window = after.to_numpy()
     usage = joined["kv_cache_usage"].to_numpy()
-    held = _held_episodes(
-        window & (usage > 0), (joined["send_q_bytes"] > 0).to_numpy() & (usage > 0)
-    )
+    suspect = window & (usage > 0)
+    # A request that just finished may hold its blocks for the few ms its last bytes take to
+    # leave; only a state seen in two scrapes in a row counts as proof.
+    proof = suspect & np.concatenate(([False], suspect[:-1]))
+    held = _held_episodes(proof, (joined["send_q_bytes"] > 0).to_numpy() & (usage > 0))
+    if held.any():
+        held |= np.concatenate((proof[1:], [False]))  # the episode began one scrape earlier
     window_s = float(dt[window].sum())
     verdict = KvHeldVerdict(
         status="held" if held.any() else "none",

@@ -95,3 +95,13 @@ def test_held_episode_spans_victims_that_flicker_in_and_out():
     assert v.status == "held"
     assert v.kv_held_s == pytest.approx(5.0)
     assert v.kv_held_peak_perc == pytest.approx(95.0)
+
+
+def test_a_single_scrape_blip_right_after_generation_is_not_held():
+    # The last bytes of a finished stream take a few ms to leave: one scrape may see KV > 0.
+    v = kv_held_verdict(
+        _metrics([0.8, 0.4, 0.3, 0.0, 0.0, 0.0], [4, 0, 6, 0, 0, 0]),
+        _sockets([900, 900, 900, 900, 900, 0]),
+        t_first_send=0.0,
+    )
+    assert v.status == "none", v

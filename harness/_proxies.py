@@ -1,0 +1,215 @@
+"""Proxies: what stands between the clients and the target, looked up by scenario ``kind``.
+
+``none`` sends clients straight to the target. ``nginx`` renders a configuration file into the
+run folder from typed options, starts Debian's nginx on it as a process group of the run, and
+stops it with the run. The directives and their meaning are nginx's own
+(https://nginx.org/en/docs/http/ngx_http_proxy_module.html, ngx_http_core_module.html).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from harness._health import TargetError, free_port, wait_healthy
+from harness._process import start_process, stop_process_group
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class NoProxyConfig(_Strict):
+    """Clients talk to the target directly."""
+
+    kind: Literal["none"] = "none"
+
+
+class NginxProxyConfig(_Strict):
+    """Debian's nginx as a reverse proxy.
+
+    ``buffering``: ``proxy_buffering`` (on: nginx reads the upstream response as fast as it
+    comes into ``proxy_buffers`` of ``buffers_count`` x ``buffer_size_kb`` KiB, spilling up to
+    ``max_temp_file_size_mb`` MiB to a temporary file: the decoupled egress buffer; off: it
+    forwards as the client reads, the common SSE advice). ``send_timeout_s``: how long a write
+    to the client may make no progress before nginx closes the connection;
+    ``reset_timedout_connection`` turns that close into a RST. ``read_timeout_s``:
+    ``proxy_read_timeout`` between two upstream reads. ``ignore_client_abort``: keep reading
+    upstream after the client went away.
+    """
+
+    kind: Literal["nginx"]
+    buffering: bool = True
+    buffer_size_kb: int = Field(16, ge=1)
+    buffers_count: int = Field(8, ge=2)
+    max_temp_file_size_mb: int = Field(1024, ge=0)
+    send_timeout_s: float = Field(60.0, gt=0)
+    read_timeout_s: float = Field(600.0, gt=0)
+    reset_timedout_connection: bool = False
+    ignore_client_abort: bool = False
+    listen_host: str = "127.0.0.1"
+    listen_port: int = Field(0, ge=0, le=65535, description="0 picks a free port")
+    binary: str = "nginx"
+    startup_timeout_s: float = Field(15.0, gt=0)
+
+
+ProxyConfig = Annotated[NoProxyConfig | NginxProxyConfig, Field(discriminator="kind")]
+
+
+class Proxy(Protocol):
+    """What the run needs of a proxy."""
+
+    def start(self, run_dir: Path, upstream_url: str) -> str:
+        """Start in front of ``upstream_url``; return the URL clients use.
+        Raises :class:`TargetError`."""
+
+    def failure(self) -> str | None:
+        """``None`` while the proxy is alive, else why it is not."""
+
+    def stop(self) -> None:
+        """Release everything :meth:`start` created. Safe to call more than once."""
+
+    def describe(self) -> dict[str, Any]:
+        """Facts for ``run.json``."""
+
+
+class NoProxy:
+    """No proxy: clients use the target's URL."""
+
+    kind: ClassVar[str] = "none"
+
+    def __init__(self, config: NoProxyConfig) -> None:
+        self.config = config
+
+    def start(self, run_dir: Path, upstream_url: str) -> str:
+        return upstream_url
+
+    def failure(self) -> str | None:
+        return None
+
+    def stop(self) -> None:
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind}
+
+
+def _ms(seconds: float) -> str:
+    return f"{max(1, round(seconds * 1000))}ms"
+
+
+def render_nginx_conf(config: NginxProxyConfig, *, prefix: Path, port: int, upstream: str) -> str:
+    """The whole ``nginx.conf`` for ``config``: every path (pid, logs, temporary files) lies
+    under ``prefix``, it listens on ``config.listen_host:port`` and proxies to ``upstream``
+    (``host:port``)."""
+    on = {True: "on", False: "off"}
+    user = "user root;\n" if os.geteuid() == 0 else ""
+    return f"""# Rendered by zerowindow for this run.
+{user}worker_processes 1;
+daemon off;
+pid {prefix}/nginx.pid;
+error_log {prefix}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log {prefix}/access.log;
+    client_body_temp_path {prefix}/client_body;
+    proxy_temp_path {prefix}/proxy_temp;
+    fastcgi_temp_path {prefix}/fastcgi_temp;
+    uwsgi_temp_path {prefix}/uwsgi_temp;
+    scgi_temp_path {prefix}/scgi_temp;
+    upstream target {{ server {upstream}; keepalive 64; }}
+    server {{
+        listen {config.listen_host}:{port};
+        send_timeout {_ms(config.send_timeout_s)};
+        reset_timedout_connection {on[config.reset_timedout_connection]};
+        location / {{
+            proxy_pass http://target;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering {on[config.buffering]};
+            proxy_buffer_size {config.buffer_size_kb}k;
+            proxy_buffers {config.buffers_count} {config.buffer_size_kb}k;
+            proxy_busy_buffers_size {config.buffer_size_kb * 2}k;
+            proxy_max_temp_file_size {config.max_temp_file_size_mb}m;
+            proxy_read_timeout {_ms(config.read_timeout_s)};
+            proxy_ignore_client_abort {on[config.ignore_client_abort]};
+        }}
+    }}
+}}
+"""
+
+
+class NginxProxy:
+    """nginx started for the run; its configuration and logs are in ``<run>/nginx/``."""
+
+    kind: ClassVar[str] = "nginx"
+
+    def __init__(self, config: NginxProxyConfig) -> None:
+        self.config = config
+        self.port = config.listen_port or free_port(config.listen_host)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.argv: list[str] = []
+        self.prefix: Path | None = None
+
+    def start(self, run_dir: Path, upstream_url: str) -> str:
+        binary = shutil.which(self.config.binary)
+        if binary is None:
+            raise TargetError(
+                f"nginx not found ({self.config.binary!r} is not on PATH; "
+                "on Debian: apt-get install nginx)"
+            )
+        self.prefix = prefix = (run_dir / "nginx").resolve()
+        prefix.mkdir(parents=True, exist_ok=True)
+        upstream = upstream_url.split("://", 1)[1].rstrip("/")
+        conf = prefix / "nginx.conf"
+        conf.write_text(
+            render_nginx_conf(self.config, prefix=prefix, port=self.port, upstream=upstream)
+        )
+        self.argv = [binary, "-c", str(conf), "-p", str(prefix)]
+        try:
+            self.proc = start_process(self.argv, log_path=prefix / "stderr.log")
+        except OSError as exc:
+            raise TargetError(f"cannot start nginx: {exc}") from None
+        url = f"http://{self.config.listen_host}:{self.port}"
+        try:
+            wait_healthy(url, timeout_s=self.config.startup_timeout_s, alive=self.failure)
+        except TargetError as exc:
+            log = (prefix / "error.log").read_text() if (prefix / "error.log").exists() else ""
+            raise TargetError(f"nginx: {exc}; {log.strip()[-300:]}") from None
+        return url
+
+    def failure(self) -> str | None:
+        if self.proc is None:
+            return "not started"
+        code = self.proc.poll()
+        return None if code is None else f"nginx exited with code {code}"
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process_group(self.proc, grace_s=5.0)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "argv": self.argv,
+            "config": self.config.model_dump(mode="json"),
+            "listen": f"{self.config.listen_host}:{self.port}",
+        }
+
+
+PROXIES: dict[str, Any] = {cls.kind: cls for cls in (NoProxy, NginxProxy)}
+
+
+def make_proxy(config: NoProxyConfig | NginxProxyConfig) -> Proxy:
+    """Build the proxy for ``config``. Raises ``KeyError`` naming the valid kinds."""
+    try:
+        cls = PROXIES[config.kind]
+    except KeyError:
+        raise KeyError(f"unknown proxy kind {config.kind!r}; valid: {sorted(PROXIES)}") from None
+    proxy: Proxy = cls(config)
+    return proxy
