@@ -49,6 +49,9 @@ def print_summary(summary: RunSummary, *, run_dir: str, console: Console | None 
     )
     console.print(server)
     console.print(summary.verdicts["kv_held_by_undelivered_streams"]["line"])
+    saturation = summary.client_saturation
+    style = "bold yellow" if saturation.saturated else "dim"
+    console.print(f"[{style}]{saturation.message}[/{style}]")
     if summary.failure:
         console.print(f"[bold red]run {summary.status}: {summary.failure}[/bold red]")
     console.print(f"results: {run_dir}")

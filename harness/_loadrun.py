@@ -15,6 +15,7 @@ from pathlib import Path
 import loadgen
 from harness._process import start_process, stop_process_group
 from loadgen import UserGroupConfig
+from loadgen._saturation import ENV_VAR as SATURATION_ENV
 
 LOCUSTFILE = Path(loadgen.__file__).with_name("locustfile.py")
 
@@ -39,6 +40,11 @@ class LoadProcess:
 def records_path(run_dir: Path, group: str) -> Path:
     """Where group ``group``'s load process appends its request records."""
     return run_dir / f"records-{group}.jsonl"
+
+
+def saturation_path(run_dir: Path, group: str) -> Path:
+    """Where group ``group``'s load process appends its CPU and loop-lag samples."""
+    return run_dir / f"saturation-{group}.jsonl"
 
 
 def start_load(
@@ -79,5 +85,7 @@ def start_load(
         "--zw-group-config", str(config_path),
     ]  # fmt: skip
     log_path = run_dir / f"locust-{group.name}.log"
-    proc = start_process(argv, log_path=log_path)
+    proc = start_process(
+        argv, log_path=log_path, env={SATURATION_ENV: str(saturation_path(run_dir, group.name))}
+    )
     return LoadProcess(group.name, argv, proc, rec_path, log_path)

@@ -28,9 +28,10 @@ import pandas as pd
 from pydantic import ValidationError
 
 from harness._collectors import MetricsScraper, SocketSampler
-from harness._loadrun import LoadProcess, records_path, start_load
+from harness._loadrun import LoadProcess, records_path, saturation_path, start_load
 from harness._proxies import make_proxy
 from harness._runinfo import host_facts, versions
+from harness._saturation import saturation_summary
 from harness._scenario import Scenario, ScenarioError, UrlTargetConfig
 from harness._summary import (
     RunSummary,
@@ -269,6 +270,9 @@ class _Run:
             groups=[summarize_group(n, requests, chunks) for n in names],
             server=summarize_server(metrics, self.scraper.missing() if self.scraper else []),
             verdicts={"kv_held_by_undelivered_streams": verdict.as_dict()},
+            client_saturation=saturation_summary(
+                [saturation_path(self.run_dir, g.name) for g in self.scenario.groups]
+            ),
         )
         _write_json(self.run_dir / "summary.json", summary.model_dump(mode="json"))
         self.info.update(

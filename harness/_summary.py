@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel
 
+from harness._saturation import SaturationSummary
 from harness._stats import inter_chunk, per_token_itl, percentile
 
 
@@ -60,6 +61,7 @@ class RunSummary(BaseModel):
     groups: list[GroupSummary]
     server: ServerSummary
     verdicts: dict[str, Any]
+    client_saturation: SaturationSummary
 
 
 def _ms(values: list[float], q: float) -> float | None:

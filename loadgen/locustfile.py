@@ -30,6 +30,8 @@ from loadgen import (
     quit_when_users_done,
     user_class_from_config,
 )
+from loadgen._saturation import ENV_VAR as SATURATION_ENV_VAR
+from loadgen._saturation import sample_saturation
 
 OPTION = "--zw-group-config"
 ENV_VAR = "ZW_GROUP_CONFIG"
@@ -57,6 +59,7 @@ def _add_arguments(parser: Any, **_kwargs: Any) -> None:
 def _on_init(environment: Environment, **_kwargs: Any) -> None:
     quit_when_users_done(environment)
     exit_zero_on_request_failures(environment)
+    sample_saturation(environment, path=os.environ.get(SATURATION_ENV_VAR))
 
 
 def _define_user_class() -> None:

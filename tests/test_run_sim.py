@@ -56,6 +56,8 @@ def test_runs_complete(runs):
         assert result.exit_code == 0, (name, result.summary.failure)
         requests = pd.read_parquet(result.run_dir / "requests.parquet")
         assert (requests[requests["group"] == "fast"]["outcome"] == "complete").all()
+        sampled = {p.group for p in result.summary.client_saturation.processes}
+        assert sampled == {g.group for g in result.summary.groups}, name
 
 
 def test_on_delivery_is_reported_held(runs):
