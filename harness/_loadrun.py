@@ -15,7 +15,7 @@ from pathlib import Path
 import loadgen
 from harness._process import start_process, stop_process_group
 from loadgen import UserGroupConfig
-from loadgen._saturation import ENV_VAR as SATURATION_ENV
+from loadgen._config import SATURATION_ENV
 
 LOCUSTFILE = Path(loadgen.__file__).with_name("locustfile.py")
 

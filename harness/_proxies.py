@@ -1,6 +1,7 @@
 """Proxies: what stands between the clients and the target, looked up by scenario ``kind``.
 
-``none`` sends clients straight to the target. ``nginx`` renders a configuration file into the
+``none`` sends clients straight to the target. ``egress`` starts the toolkit's own decoupled
+egress buffer (``harness._egress``) in front of it. ``nginx`` renders a configuration file into the
 run folder from typed options, starts Debian's nginx on it as a process group of the run, and
 stops it with the run. The directives and their meaning are nginx's own
 (https://nginx.org/en/docs/http/ngx_http_proxy_module.html, ngx_http_core_module.html).
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Protocol
 
@@ -58,7 +60,25 @@ class NginxProxyConfig(_Strict):
     startup_timeout_s: float = Field(15.0, gt=0)
 
 
-ProxyConfig = Annotated[NoProxyConfig | NginxProxyConfig, Field(discriminator="kind")]
+class EgressProxyConfig(_Strict):
+    """The toolkit's own decoupled egress buffer (``harness._egress``): reads the upstream at
+    full speed into ``buffer_bytes`` per stream (``overflow``: ``cut`` or ``pause``) and resets a
+    client whose socket stays unwritable for ``stall_timeout_s``, aborting the upstream request.
+    ``client_sndbuf_bytes`` caps the kernel send buffer toward clients (None: autotuning)."""
+
+    kind: Literal["egress"]
+    buffer_bytes: int = Field(256 * 1024, ge=1024)
+    overflow: Literal["cut", "pause"] = "cut"
+    stall_timeout_s: float = Field(2.5, gt=0)
+    client_sndbuf_bytes: int | None = Field(32 * 1024, ge=1024)
+    listen_host: str = "127.0.0.1"
+    listen_port: int = Field(0, ge=0, le=65535, description="0 picks a free port")
+    startup_timeout_s: float = Field(15.0, gt=0)
+
+
+ProxyConfig = Annotated[
+    NoProxyConfig | NginxProxyConfig | EgressProxyConfig, Field(discriminator="kind")
+]
 
 
 class Proxy(Protocol):
@@ -202,10 +222,60 @@ class NginxProxy:
         }
 
 
-PROXIES: dict[str, Any] = {cls.kind: cls for cls in (NoProxy, NginxProxy)}
+class EgressProxy:
+    """``python -m harness._egress`` started for the run; its log is ``egress.log``."""
+
+    kind: ClassVar[str] = "egress"
+
+    def __init__(self, config: EgressProxyConfig) -> None:
+        self.config = config
+        self.port = config.listen_port or free_port(config.listen_host)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.argv: list[str] = []
+
+    def start(self, run_dir: Path, upstream_url: str) -> str:
+        c = self.config
+        self.argv = [
+            sys.executable, "-m", "harness._egress",
+            "--upstream", upstream_url,
+            "--listen", f"{c.listen_host}:{self.port}",
+            "--buffer-bytes", str(c.buffer_bytes),
+            "--overflow", c.overflow,
+            "--stall-timeout-s", str(c.stall_timeout_s),
+            "--client-sndbuf-bytes", "none" if c.client_sndbuf_bytes is None
+            else str(c.client_sndbuf_bytes),
+            "--log-level", "warning",
+        ]  # fmt: skip
+        log_path = run_dir / "egress.log"
+        try:
+            self.proc = start_process(self.argv, log_path=log_path)
+        except OSError as exc:
+            raise TargetError(f"cannot start the egress buffer: {exc}") from None
+        url = f"http://{c.listen_host}:{self.port}"
+        try:
+            wait_healthy(url, timeout_s=c.startup_timeout_s, alive=self.failure)
+        except TargetError as exc:
+            raise TargetError(f"egress buffer: {exc}; see {log_path}") from None
+        return url
+
+    def failure(self) -> str | None:
+        if self.proc is None:
+            return "not started"
+        code = self.proc.poll()
+        return None if code is None else f"egress buffer exited with code {code}"
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process_group(self.proc, grace_s=5.0)
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "argv": self.argv, "config": self.config.model_dump(mode="json")}
 
 
-def make_proxy(config: NoProxyConfig | NginxProxyConfig) -> Proxy:
+PROXIES: dict[str, Any] = {cls.kind: cls for cls in (NoProxy, NginxProxy, EgressProxy)}
+
+
+def make_proxy(config: NoProxyConfig | NginxProxyConfig | EgressProxyConfig) -> Proxy:
     """Build the proxy for ``config``. Raises ``KeyError`` naming the valid kinds."""
     try:
         cls = PROXIES[config.kind]

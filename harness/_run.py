@@ -254,9 +254,11 @@ class _Run:
         ):
             write_parquet(frame, self.run_dir / f"{name}.parquet")
         t_first_send = float(requests["t_send"].min()) if len(requests) else None
+        # Only the load's own connections: not the scraper's, nor anyone else's.
+        load_sockets = sockets[sockets["client_port"].isin(requests["client_port"].dropna())]
         verdict = kv_held_verdict(
             metrics,
-            sockets,
+            load_sockets,
             t_first_send=t_first_send,
             generation_bound_s=self.scenario.verdict.generation_bound_s,
             min_observe_s=self.scenario.verdict.min_observe_s,

@@ -11,8 +11,16 @@ import re
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from harness._proxies import NoProxyConfig, ProxyConfig
 from harness._sim import SimConfig
@@ -63,8 +71,16 @@ class UrlTargetConfig(_Strict):
     @field_validator("url")
     @classmethod
     def _http_url(cls, value: str) -> str:
-        if not re.match(r"^https?://[^/\s]+", value):
-            raise ValueError("expected an http:// or https:// URL such as http://127.0.0.1:8000")
+        expected = "expected http://HOST:PORT such as http://127.0.0.1:8000"
+        try:
+            url = urlsplit(value)
+            url.port  # noqa: B018 - raises ValueError for a port that is not a number 0..65535
+        except ValueError as exc:
+            raise ValueError(f"{expected} ({exc})") from None
+        if url.scheme != "http" or not url.hostname or value != value.strip():
+            raise ValueError(f"{expected} (the load generator speaks plain HTTP/1.1)")
+        if url.path.strip("/") or url.query or url.fragment or url.username:
+            raise ValueError(f"{expected}, without path, query or fragment")
         return value.rstrip("/")
 
 
@@ -123,6 +139,16 @@ class Scenario(_Strict):
     collectors: CollectorConfig = CollectorConfig()
     verdict: VerdictConfig = VerdictConfig()
 
+    @model_validator(mode="after")
+    def _groups_start_in_time(self) -> Scenario:
+        late = [g.name for g in self.groups if g.start_after_s >= self.max_duration_s]
+        if late:
+            raise ValueError(
+                f"groups {', '.join(late)} start_after_s is not below "
+                f"max_duration_s={self.max_duration_s:g}"
+            )
+        return self
+
     @field_validator("groups")
     @classmethod
     def _unique_names(cls, groups: list[UserGroupConfig]) -> list[UserGroupConfig]:
@@ -179,7 +205,7 @@ def _format_errors(path: Path, text: str, error: ValidationError) -> str:
         if (
             err["type"] not in ("missing",)
             and "input" in err
-            and not isinstance(err["input"], dict)
+            and not isinstance(err["input"], dict | list)
         ):
             got = f" (got {err['input']!r})"
         out.append(f"{where}: field '{field}': {err['msg']}{got}")
@@ -191,7 +217,9 @@ _UNIONS = {"target", "proxy", "read", "action"}
 _UNION_TAGS = {
     "none",
     "nginx",
+    "egress",
     "vllm",
+    "sim",
     "url",
     "full_speed",
     "paced",

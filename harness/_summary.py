@@ -39,7 +39,9 @@ class GroupSummary(BaseModel):
 
 class ServerSummary(BaseModel):
     """Server figures from its /metrics. ``preemptions`` is the counter's rise over the run;
-    ``missing_metrics`` names figures the server never reported."""
+    ``missing_metrics`` names figures the server never reported; ``scrape_gap_max_s`` is the
+    longest time between two scrapes (a starved harness samples less often than configured, and
+    peaks between two scrapes are missed)."""
 
     kv_cache_usage_peak_perc: float | None
     preemptions: float | None
@@ -48,6 +50,7 @@ class ServerSummary(BaseModel):
     request_success: dict[str, float]
     scrapes: int
     failed_scrapes: int
+    scrape_gap_max_s: float | None
     missing_metrics: list[str]
 
 
@@ -129,6 +132,7 @@ def summarize_server(metrics: pd.DataFrame, missing: list[str]) -> ServerSummary
         waiting_peak=_maybe(col("num_requests_waiting").max()),
         request_success=success,
         scrapes=len(metrics),
+        scrape_gap_max_s=_maybe(metrics["t"].diff().max()) if len(metrics) > 1 else None,
         failed_scrapes=int((~metrics["scrape_ok"]).sum()) if len(metrics) else 0,
         missing_metrics=missing,
     )

@@ -23,7 +23,8 @@ import pandas as pd
 class KvHeldVerdict:
     """The KV-held verdict. Durations in seconds; usage as percent of the KV cache;
     ``kv_seconds`` in usage-fraction × seconds; ``undelivered_peak_bytes`` is the largest total
-    Send-Q of the server's connections in the window."""
+    Send-Q of the server's connections in the window; ``t_generation_end`` (monotonic s) is
+    the first scrape after generation that saw undelivered bytes."""
 
     status: str  # "held" | "none" | "not_observed"
     window_s: float
@@ -106,7 +107,7 @@ def kv_held_verdict(
     after = idle & (joined["send_q_bytes"] > 0)
     if not after.any():
         return empty
-    t_end = float(joined.loc[idle, "t"].iloc[0])
+    t_end = float(joined.loc[after, "t"].iloc[0])
     # Each sample stands for the interval until the next one.
     dt = joined["t"].diff().shift(-1).fillna(0.0).to_numpy()
     window = after.to_numpy()

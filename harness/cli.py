@@ -43,6 +43,9 @@ def run(
     except ScenarioError as exc:
         typer.echo(f"invalid argument\n{exc}", err=True)
         raise typer.Exit(EXIT_SETUP) from None
+    except OSError as exc:
+        typer.echo(f"cannot create the run folder under {out}: {exc.strerror}", err=True)
+        raise typer.Exit(EXIT_SETUP) from None
     print_summary(result.summary, run_dir=str(result.run_dir))
     raise typer.Exit(result.exit_code)
 
@@ -55,7 +58,11 @@ def model_tiny(
     """Write a random-weight Llama model and a locally trained tokenizer (no network)."""
     from harness._tiny_model import make_tiny_model
 
-    path = make_tiny_model(out_dir, seed=seed)
+    try:
+        path = make_tiny_model(out_dir, seed=seed)
+    except (OSError, ValueError) as exc:
+        typer.echo(f"cannot write the tiny model to {out_dir}: {exc}", err=True)
+        raise typer.Exit(EXIT_SETUP) from None
     typer.echo(f"tiny model written to {path}")
 
 
@@ -70,6 +77,19 @@ def serve_sim(ctx: typer.Context) -> None:
     from harness._sim.__main__ import main as sim_main
 
     raise typer.Exit(sim_main(ctx.args))
+
+
+@serve_app.command(
+    "egress",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+)
+def serve_egress(ctx: typer.Context) -> None:
+    """Run the decoupled egress buffer in the foreground (options: --help; e.g.
+    --upstream http://127.0.0.1:8000 --listen 127.0.0.1:8080 --stall-timeout-s 2.5)."""
+    from harness._egress import main as egress_main
+
+    raise typer.Exit(egress_main(ctx.args))
 
 
 def main() -> None:

@@ -15,6 +15,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ._actions import ActionConfig, Stall, StopReading
 from ._reads import FullSpeed, ReadConfig
 
+# Environment variable naming the file where a load process appends its saturation samples
+# (CPU use and gevent loop lag); read by ``loadgen._saturation``, set by the harness. It lives
+# here because importing ``loadgen._saturation`` imports gevent.
+SATURATION_ENV = "ZW_SATURATION"
+
 
 class UserGroupConfig(BaseModel):
     """``users`` users, each sending ``requests_per_user`` streaming requests one after another.
@@ -37,6 +42,7 @@ class UserGroupConfig(BaseModel):
 
     name: str = Field(
         pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+        max_length=64,
         description="letters, digits, '_', '.', '-' (it names the group's files)",
     )
     users: int = Field(ge=1)

@@ -40,7 +40,9 @@ from typing import Any
 import gevent
 from locust.env import Environment
 
-ENV_VAR = "ZW_SATURATION"
+from ._config import SATURATION_ENV
+
+ENV_VAR = SATURATION_ENV
 
 logger = logging.getLogger(__name__)
 

@@ -35,5 +35,5 @@ def test_nginx_conf_carries_the_options():
 def test_registry_builds_by_kind_and_none_passes_the_url_through(tmp_path):
     proxy = make_proxy(NoProxyConfig())
     assert proxy.start(tmp_path, "http://127.0.0.1:9") == "http://127.0.0.1:9"
-    with pytest.raises(KeyError, match="valid: \\['nginx', 'none'\\]"):
+    with pytest.raises(KeyError, match="valid: \\['egress', 'nginx', 'none'\\]"):
         make_proxy(NoProxyConfig.model_construct(kind="envoy"))  # type: ignore[arg-type]

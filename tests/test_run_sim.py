@@ -8,7 +8,7 @@ import shutil
 import pandas as pd
 import pytest
 
-from harness._proxies import NginxProxyConfig
+from harness._proxies import EgressProxyConfig, NginxProxyConfig
 from harness._run import RunResult, run_scenario
 from harness._scenario import Scenario, load_scenario
 from tests.conftest import REPO
@@ -31,6 +31,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunResult]:
         "on_finish": run_scenario(_with_release(base, "on_finish"), out_root=out),
         "fast_only": run_scenario(_with_release(fast_only, "on_delivery"), out_root=out),
     }
+    egress = EgressProxyConfig(kind="egress", stall_timeout_s=2.5)
+    scenario = _with_release(base, "on_delivery").model_copy(update={"proxy": egress})
+    runs["egress"] = run_scenario(scenario, out_root=out)
     if shutil.which("nginx"):
         proxy = NginxProxyConfig(kind="nginx", buffering=True)
         scenario = _with_release(base, "on_delivery").model_copy(update={"proxy": proxy})
@@ -93,3 +96,12 @@ def test_nginx_buffering_frees_the_hostage_kv(runs):
     assert _group(buffered, "fast").ttft_p99_ms * 5 < _group(held, "fast").ttft_p99_ms
     assert (buffered.run_dir / "nginx" / "nginx.conf").read_text().count("proxy_buffering on")
 
+
+def test_egress_buffer_frees_the_hostage_kv(runs):
+    """The toolkit's own egress buffer reads each response into host memory at full speed, so
+    the coupled engine releases KV and the fast readers are served as if alone."""
+    egress, held = runs["egress"], runs["on_delivery"]
+    assert egress.exit_code == 0, egress.summary.failure
+    assert _verdict(egress)["status"] != "held", _verdict(egress)
+    assert _group(egress, "fast").ttft_p99_ms * 5 < _group(held, "fast").ttft_p99_ms
+    assert (egress.run_dir / "egress.log").exists()

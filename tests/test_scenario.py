@@ -126,5 +126,31 @@ def test_cli_rejects_a_target_url_that_is_not_http(tmp_path):
     good.write_text(GOOD)
     result = run_cli("run", str(good), "--target-url", "foo", "--out", str(tmp_path / "o"))
     assert result.returncode == 2
-    assert "--target-url 'foo': expected an http:// or https:// URL" in result.stderr
+    assert "--target-url 'foo': expected http://HOST:PORT" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["https://127.0.0.1:8000", "http://127.0.0.1:abc", "http://127.0.0.1:8000 ", "http://h:1/v1",
+     "http://h:1?x=1", "http://h:99999"],
+)  # fmt: skip
+def test_target_urls_the_load_generator_cannot_use_are_rejected(url):
+    text = GOOD.replace("http://127.0.0.1:9", url)
+    with pytest.raises(ScenarioError, match=r"field 'target.url': .*expected http://HOST:PORT"):
+        parse_scenario(text, path=Path("bad.toml"))
+
+
+def test_the_harness_does_not_import_gevent():
+    """Locust monkey-patches the process it is imported into; the harness runs threads and
+    must stay unpatched (load runs in separate Locust processes)."""
+    code = (
+        "import sys, harness._run, harness.cli; "
+        "bad = [m for m in ('gevent', 'locust') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

@@ -13,6 +13,8 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
+from pydantic import ValidationError
+
 from harness._sim._config import SimConfig
 from harness._sim._server import serve
 
@@ -61,7 +63,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = vars(build_parser().parse_args(argv))
     host, port, log_level = args.pop("host"), args.pop("port"), args.pop("log_level")
     loop = args.pop("loop")
-    config = SimConfig(**args)
+    if not 0 <= port <= 65535:
+        print(f"python -m harness._sim: --port {port}: must be within 0..65535", file=sys.stderr)
+        return 2
+    try:
+        config = SimConfig(**args)
+    except ValidationError as exc:
+        for err in exc.errors():
+            field = ".".join(str(p) for p in err["loc"]) or "config"
+            print(
+                f"python -m harness._sim: --{field.replace('_', '-')}: {err['msg']}",
+                file=sys.stderr,
+            )
+        return 2
     serve(config, host=host, port=port, log_level=log_level, loop=loop)
     return 0
 
