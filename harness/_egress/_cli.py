@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import typing
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +21,7 @@ import pydantic
 
 from harness._egress._config import EgressConfig
 from harness._egress._server import serve
+from harness._model_options import add_model_options
 
 _SPECIAL = {"upstream_url", "listen_host", "listen_port", "metrics_host", "metrics_port"}
 
@@ -55,16 +55,6 @@ def _address(text: str) -> tuple[str, int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _or_none(kind: Any) -> Any:
-    """An argparse type for an optional field: ``none`` is None, anything else ``kind``."""
-
-    def parse(text: str) -> Any:
-        return None if text.lower() == "none" else kind(text)
-
-    parse.__name__ = getattr(kind, "__name__", "value")
-    return parse
-
-
 def build_parser() -> argparse.ArgumentParser:
     """An argparse parser: --upstream, --listen, --metrics-listen, --log-level, and one
     option per other ``EgressConfig`` field."""
@@ -86,27 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
-    for name, field in EgressConfig.model_fields.items():
-        if name in _SPECIAL:
-            continue
-        annotation = field.annotation
-        args = typing.get_args(annotation)
-        kind: Any
-        choices: tuple[Any, ...] | None
-        if typing.get_origin(annotation) is typing.Literal:
-            choices, kind = args, str
-        else:
-            choices, kind = None, next((a for a in args if a is not type(None)), annotation)
-            if type(None) in args:
-                kind = _or_none(kind)
-        parser.add_argument(
-            "--" + name.replace("_", "-"),
-            dest=name,
-            type=kind,
-            choices=choices,
-            default=argparse.SUPPRESS,
-            help=f"{field.description or name} (default: {field.default})",
-        )
+    add_model_options(parser, EgressConfig, skip=_SPECIAL)
     return parser
 
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-import typing
 from collections.abc import Sequence
-from typing import Any
 
 from pydantic import ValidationError
 
+from harness._model_options import add_model_options
 from harness._sim._config import SimConfig
 from harness._sim._server import serve
 
@@ -36,25 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
     )
-    for name, field in SimConfig.model_fields.items():
-        option = "--" + name.replace("_", "-")
-        annotation = field.annotation
-        args = typing.get_args(annotation)
-        kind: Any
-        choices: tuple[Any, ...] | None
-        if typing.get_origin(annotation) is typing.Literal:
-            choices, kind = args, str
-        else:
-            # plain types, or "X | None": parse as X
-            choices, kind = None, next((a for a in args if a is not type(None)), annotation)
-        parser.add_argument(
-            option,
-            dest=name,
-            type=kind,
-            choices=choices,
-            default=argparse.SUPPRESS,
-            help=f"{field.description or name} (default: {field.default})",
-        )
+    add_model_options(parser, SimConfig)
     return parser
 
 
