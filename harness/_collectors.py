@@ -7,7 +7,6 @@ seconds, the clock the load generator's records use.
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from typing import Any
@@ -155,8 +154,3 @@ class SocketSampler(_Sampler):
                     "recv_q_bytes": s.recv_q_bytes,
                 }
             )
-
-
-def finite(value: float | None) -> float | None:
-    """``value`` unless it is ``None`` or NaN."""
-    return None if value is None or (isinstance(value, float) and math.isnan(value)) else value

@@ -6,7 +6,10 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+from harness._health import TargetError, wait_healthy
 
 
 def start_process(
@@ -56,3 +59,45 @@ def stop_process_group(proc: subprocess.Popen[bytes], *, grace_s: float = 10.0) 
         return proc.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
         return None
+
+
+class ServerProcess:
+    """A server the run starts (target or proxy): its process group, health check and exit.
+
+    ``label`` names it in messages ("nginx", "vLLM").
+    """
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def launch(
+        self,
+        argv: list[str],
+        *,
+        log_path: Path,
+        url: str,
+        timeout_s: float,
+        env: dict[str, str] | None = None,
+        alive: Callable[[], str | None] | None = None,
+    ) -> None:
+        """Start ``argv`` (see :func:`start_process`) and wait until ``{url}/health`` answers
+        200. ``alive`` reports an early death (default: :meth:`failure`). Raises
+        :class:`TargetError` if it cannot start, dies or stays unhealthy."""
+        try:
+            self.proc = start_process(argv, log_path=log_path, env=env)
+        except OSError as exc:
+            raise TargetError(f"cannot start {self.label} ({argv[0]}): {exc}") from None
+        wait_healthy(url, timeout_s=timeout_s, alive=alive or self.failure)
+
+    def failure(self) -> str | None:
+        """``None`` while the process runs, else why it does not."""
+        if self.proc is None:
+            return "not started"
+        code = self.proc.poll()
+        return None if code is None else f"{self.label} exited with code {code}"
+
+    def stop(self, *, grace_s: float) -> None:
+        """Stop the process group (see :func:`stop_process_group`); safe to call twice."""
+        if self.proc is not None:
+            stop_process_group(self.proc, grace_s=grace_s)

@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from harness._health import TargetError, free_port, wait_healthy
-from harness._process import start_process, stop_process_group
+from harness._health import TargetError, free_port
+from harness._process import ServerProcess
 
 
 class _Strict(BaseModel):
@@ -172,9 +171,8 @@ class NginxProxy:
     def __init__(self, config: NginxProxyConfig) -> None:
         self.config = config
         self.port = config.listen_port or free_port(config.listen_host)
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.server = ServerProcess("nginx")
         self.argv: list[str] = []
-        self.prefix: Path | None = None
 
     def start(self, run_dir: Path, upstream_url: str) -> str:
         binary = shutil.which(self.config.binary)
@@ -183,7 +181,7 @@ class NginxProxy:
                 f"nginx not found ({self.config.binary!r} is not on PATH; "
                 "on Debian: apt-get install nginx)"
             )
-        self.prefix = prefix = (run_dir / "nginx").resolve()
+        prefix = (run_dir / "nginx").resolve()
         prefix.mkdir(parents=True, exist_ok=True)
         upstream = upstream_url.split("://", 1)[1].rstrip("/")
         conf = prefix / "nginx.conf"
@@ -191,27 +189,24 @@ class NginxProxy:
             render_nginx_conf(self.config, prefix=prefix, port=self.port, upstream=upstream)
         )
         self.argv = [binary, "-c", str(conf), "-p", str(prefix)]
-        try:
-            self.proc = start_process(self.argv, log_path=prefix / "stderr.log")
-        except OSError as exc:
-            raise TargetError(f"cannot start nginx: {exc}") from None
         url = f"http://{self.config.listen_host}:{self.port}"
         try:
-            wait_healthy(url, timeout_s=self.config.startup_timeout_s, alive=self.failure)
+            self.server.launch(
+                self.argv,
+                log_path=prefix / "stderr.log",
+                url=url,
+                timeout_s=self.config.startup_timeout_s,
+            )
         except TargetError as exc:
             log = (prefix / "error.log").read_text() if (prefix / "error.log").exists() else ""
             raise TargetError(f"nginx: {exc}; {log.strip()[-300:]}") from None
         return url
 
     def failure(self) -> str | None:
-        if self.proc is None:
-            return "not started"
-        code = self.proc.poll()
-        return None if code is None else f"nginx exited with code {code}"
+        return self.server.failure()
 
     def stop(self) -> None:
-        if self.proc is not None:
-            stop_process_group(self.proc, grace_s=5.0)
+        self.server.stop(grace_s=5.0)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -230,7 +225,7 @@ class EgressProxy:
     def __init__(self, config: EgressProxyConfig) -> None:
         self.config = config
         self.port = config.listen_port or free_port(config.listen_host)
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.server = ServerProcess("egress buffer")
         self.argv: list[str] = []
 
     def start(self, run_dir: Path, upstream_url: str) -> str:
@@ -247,26 +242,18 @@ class EgressProxy:
             "--log-level", "warning",
         ]  # fmt: skip
         log_path = run_dir / "egress.log"
-        try:
-            self.proc = start_process(self.argv, log_path=log_path)
-        except OSError as exc:
-            raise TargetError(f"cannot start the egress buffer: {exc}") from None
         url = f"http://{c.listen_host}:{self.port}"
         try:
-            wait_healthy(url, timeout_s=c.startup_timeout_s, alive=self.failure)
+            self.server.launch(self.argv, log_path=log_path, url=url, timeout_s=c.startup_timeout_s)
         except TargetError as exc:
             raise TargetError(f"egress buffer: {exc}; see {log_path}") from None
         return url
 
     def failure(self) -> str | None:
-        if self.proc is None:
-            return "not started"
-        code = self.proc.poll()
-        return None if code is None else f"egress buffer exited with code {code}"
+        return self.server.failure()
 
     def stop(self) -> None:
-        if self.proc is not None:
-            stop_process_group(self.proc, grace_s=5.0)
+        self.server.stop(grace_s=5.0)
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "argv": self.argv, "config": self.config.model_dump(mode="json")}

@@ -7,13 +7,12 @@ run, reports whether it is still alive, and is stopped in the run's clean-up.
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from harness._health import TargetError, free_port, wait_healthy
-from harness._process import start_process, stop_process_group
+from harness._process import ServerProcess
 from harness._scenario import SimTargetConfig, TargetConfig, UrlTargetConfig, VllmTargetConfig
 
 
@@ -54,7 +53,7 @@ class _ProcessTarget:
         self.served_model_name = config.served_model_name
         self.port = config.port or free_port(config.host)
         self.base_url = f"http://{config.host}:{self.port}"
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.server = ServerProcess(self.label)
         self.log_path: Path | None = None
         self.argv: list[str] = []
         self._log_offset = 0
@@ -69,11 +68,14 @@ class _ProcessTarget:
         # Never reach out to a model hub: a model that is not on disk is an error.
         env = {"HF_HUB_OFFLINE": "1", **getattr(self.config, "env", {})}
         try:
-            self.proc = start_process(self.argv, log_path=self.log_path, env=env)
-        except OSError as exc:
-            raise TargetError(f"cannot start {self.label} ({self.argv[0]}): {exc}") from None
-        try:
-            wait_healthy(self.base_url, timeout_s=self.config.startup_timeout_s, alive=self.failure)
+            self.server.launch(
+                self.argv,
+                log_path=self.log_path,
+                url=self.base_url,
+                timeout_s=self.config.startup_timeout_s,
+                env=env,
+                alive=self.failure,  # also sees death markers in the log
+            )
         except TargetError as exc:
             raise TargetError(f"{exc}{self._last_error()}; see {self.log_path}") from None
 
@@ -101,25 +103,21 @@ class _ProcessTarget:
                 self._dead = f"{self.label} engine died ({marker} in {self.log_name})"
 
     def failure(self) -> str | None:
-        if self.proc is None:
+        if self.server.proc is None:
             return "not started"
         if self._dead is None:
             self._scan_log()
-        if self._dead is not None:
-            return self._dead
-        code = self.proc.poll()
-        return None if code is None else f"{self.label} exited with code {code}"
+        return self._dead or self.server.failure()
 
     def stop(self) -> None:
-        if self.proc is not None:
-            stop_process_group(self.proc, grace_s=self.config.stop_grace_s)
+        self.server.stop(grace_s=self.config.stop_grace_s)
 
     def describe(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
             "base_url": self.base_url,
             "argv": self.argv,
-            "pid": self.proc.pid if self.proc else None,
+            "pid": self.server.proc.pid if self.server.proc else None,
         }
 
 
