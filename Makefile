@@ -20,12 +20,17 @@ $(STAMP): pyproject.toml
 $(MODEL)/config.json: $(STAMP)
 	$(ZW) model tiny $(MODEL) --seed 0
 
-# Debian packages the tests drive for real (nginx as a proxy). Installed when missing and root.
+# Debian packages the tests drive for real: one "command:package" pair each. A missing command
+# is installed when running as root; otherwise its tests are skipped with the reason.
+DEBS := nginx:nginx
+
 debs:
-	@command -v nginx >/dev/null 2>&1 || { \
+	@missing=""; for pair in $(DEBS); do \
+	  command -v "$${pair%%:*}" >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; done; \
+	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q nginx; \
-	  else echo "nginx is missing: install it (apt-get install nginx) or its tests are skipped"; fi; }
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
+	  else echo "missing Debian packages:$$missing (their tests are skipped)"; fi; fi
 
 setup: debs $(STAMP) $(MODEL)/config.json
 
