@@ -8,6 +8,11 @@ full-speed reads that can be several tokens later), and never after ``[DONE]``.
 - ``stall``: stop reading for ``stall_s`` seconds, then read on (one ``stalls`` interval).
 - ``stop_reading``: stop reading for good, keep the connection open ``hold_s`` seconds, then
   close with FIN (``close="fin"``) or RST (``close="rst"``); outcome ``client_abort``.
+
+While it holds (``stall``, ``stop_reading``) a client reads nothing but watches the TCP state
+of its connection (``StreamControl.hold``): if the server resets or closes it, the hold ends
+there and the record gets ``t_cut_seen`` and ``cut_kind``; a ``stall`` then reads on (what was
+received before the cut, then the end), a ``stop_reading`` closes with outcome ``cut_by_peer``.
 - ``half_close``: ``shutdown(SHUT_WR)`` (FIN to the server) and read on; the outcome is how the
   stream then ends (``complete`` if the server finishes it, ``cut_by_peer`` if it gives up).
 - ``abortive_close``: ``SO_LINGER {1, 0}`` then ``close``: the server gets RST; outcome
@@ -44,6 +49,11 @@ class StreamControl(Protocol):
         """Sleep ``duration_s`` without reading; ``False`` if the deadline cut it short."""
         ...
 
+    def hold(self, duration_s: float) -> str:
+        """Like :meth:`pause`, watching for a server cut: ``"held"``, ``"deadline"`` or
+        ``"cut"`` (the record's ``t_cut_seen``/``cut_kind`` are then set)."""
+        ...
+
 
 _Frozen = ConfigDict(frozen=True, extra="forbid")
 
@@ -61,7 +71,7 @@ class Stall(BaseModel):
         """Returns ``None`` (read on) or ``"timeout"``."""
         stall: list[float | None] = [ctl.now(), None]
         ctl.record.stalls.append(stall)
-        if not ctl.pause(self.stall_s):
+        if ctl.hold(self.stall_s) == "deadline":
             return "timeout"
         stall[1] = ctl.now()
         return None
@@ -78,14 +88,19 @@ class StopReading(BaseModel):
     close: Literal["fin", "rst"] = "fin"
 
     def apply(self, ctl: StreamControl) -> str | None:
-        """Returns ``"client_abort"``, or ``"timeout"`` if the deadline came first."""
+        """Returns ``"client_abort"``, ``"cut_by_peer"`` if the server cut the connection
+        during the hold, or ``"timeout"`` if the deadline came first."""
         ctl.record.stalls.append([ctl.now(), None])
-        held = ctl.pause(self.hold_s)
+        held = ctl.hold(self.hold_s)
         if self.close == "rst":
             close_abortive(ctl.sock)
         else:
             close_orderly(ctl.sock)  # what it drains is thrown away, not counted as received
-        return "client_abort" if held else "timeout"
+        if held == "cut":
+            how = "reset" if ctl.record.cut_kind == "rst" else "closed"
+            ctl.record.error = f"connection {how} by the server while the client held it"
+            return "cut_by_peer"
+        return "client_abort" if held == "held" else "timeout"
 
 
 @ACTIONS.register

@@ -26,11 +26,13 @@ from ._actions import ActionConfig
 from ._openai import ENDPOINT_PATHS, Endpoint, TokenCounter, parse_payload, request_body
 from ._reads import FullSpeed, ReadConfig
 from ._records import Chunk, RequestRecord
-from ._sockets import local_address, set_rcvbuf
+from ._sockets import local_address, peer_cut, set_rcvbuf
 from ._sse import SSEDecoder
 
 _MAX_ERROR_BODY_BYTES = 4096
 _USER_AGENT = "zerowindow-loadgen"
+CUT_POLL_S = 0.02
+"""How often a holding client (``stall``, ``stop_reading``) checks whether the server cut it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,6 +108,29 @@ class _Stream:
             return False
         time.sleep(max(0.0, end - self.now()))
         return True
+
+    def hold(self, duration_s: float) -> str:
+        """Read nothing for ``duration_s`` s while watching the connection's TCP state every
+        :data:`CUT_POLL_S`. Returns ``"held"``, ``"deadline"`` (the request's deadline came
+        first; the hold stops there) or ``"cut"`` (the server sent RST or FIN: the hold stops
+        and the record's ``t_cut_seen`` and ``cut_kind`` are set)."""
+        end = self.now() + duration_s
+        stop = min(end, self.deadline)
+        while True:
+            kind = peer_cut(self.sock)
+            if kind is not None:
+                self.note_cut(kind)
+                return "cut"
+            left = stop - self.now()
+            if left <= 0:
+                return "held" if end <= self.deadline else "deadline"
+            time.sleep(min(CUT_POLL_S, left))
+
+    def note_cut(self, kind: str) -> None:
+        """Record that the server ended the connection (``"rst"`` or ``"fin"``), once."""
+        if self.record.t_cut_seen is None and not self.done:
+            self.record.t_cut_seen = self.now()
+            self.record.cut_kind = kind
 
     def remaining_s(self) -> float:
         return self.deadline - self.now()
@@ -218,6 +243,7 @@ class _Stream:
                     event = conn.next_event()
                 except h11.RemoteProtocolError as e:
                     if not data:  # EOF in the middle of the body
+                        self.note_cut("fin")
                         rec.error = rec.error or f"connection closed by server: {e}"
                         return "cut_by_peer"
                     rec.error = rec.error or f"HTTP protocol error: {e}"
@@ -234,6 +260,7 @@ class _Stream:
                     rec.error = rec.error or "connection closed by server"
                     return "cut_by_peer"
             if not data:
+                self.note_cut("fin")
                 rec.error = rec.error or "connection closed by server"
                 return "cut_by_peer"
 
@@ -304,6 +331,8 @@ def stream_request(
     except TimeoutError:  # socket.timeout is TimeoutError since 3.10
         ending = "timeout"
     except OSError as e:  # ECONNRESET, ECONNREFUSED, EPIPE, name resolution...
+        if isinstance(e, ConnectionResetError) and record.http_status is not None:
+            stream.note_cut("rst")
         record.error = record.error or f"{type(e).__name__}: {e}"
         ending = "cut_by_peer"
     except BaseException as e:  # not an Exception: GreenletExit, KeyboardInterrupt, SystemExit

@@ -56,6 +56,12 @@ class RequestRecord:
     deliberately did not read; ``end`` is ``None`` if it never resumed. ``action`` is the kind
     of the client action that fired (``stall``, ``stop_reading``, ``half_close``,
     ``abortive_close``) and ``t_action`` when it fired; both ``None`` if none fired.
+    ``t_cut_seen`` is when the client first saw the server end the connection before the
+    response was complete (``None`` if it never did): while reading, from ``recv`` returning EOF
+    or ECONNRESET; while holding (``stall``, ``stop_reading``), from the TCP state polled every
+    20 ms (``_client.CUT_POLL_S``) without reading. ``cut_kind`` is ``"rst"`` or ``"fin"``. A
+    FIN travels behind the bytes sent before it, so a client that does not read sees it only if
+    those bytes fit its receive buffer; a RST overtakes a closed window.
     """
 
     request_id: str
@@ -84,6 +90,8 @@ class RequestRecord:
     stalls: list[list[float | None]] = field(default_factory=list)
     action: str | None = None
     t_action: float | None = None
+    t_cut_seen: float | None = None
+    cut_kind: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), separators=(",", ":"))

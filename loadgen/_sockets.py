@@ -10,6 +10,10 @@ from __future__ import annotations
 import socket
 import struct
 
+# Linux TCP states (include/net/tcp_states.h), as ``tcpi_state``, the first byte of TCP_INFO.
+TCP_CLOSE = 7
+TCP_CLOSE_WAIT = 8
+
 
 def set_rcvbuf(sock: socket.socket, rcvbuf_bytes: int) -> int:
     """Set ``SO_RCVBUF`` and return the value the kernel reports back (bytes).
@@ -69,3 +73,31 @@ def close_orderly(sock: socket.socket, *, drain_limit_bytes: int = 1 << 20) -> i
         pass
     sock.close()
     return drained
+
+
+def tcp_state(sock: socket.socket) -> int | None:
+    """The connection's Linux TCP state (``tcpi_state``, first byte of ``TCP_INFO``, tcp(7)),
+    or ``None`` if it cannot be read (closed socket, not Linux).
+
+    Reading it never consumes data nor clears a pending socket error, unlike ``recv`` or
+    ``getsockopt(SO_ERROR)``.
+    """
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)
+    except (OSError, AttributeError):
+        return None
+    return info[0] if info else None
+
+
+def peer_cut(sock: socket.socket) -> str | None:
+    """How the peer ended a connection this side has neither closed nor half-closed: ``"rst"``
+    (the kernel moved it to CLOSE: a RST arrived, or retransmissions timed out), ``"fin"``
+    (CLOSE_WAIT: a FIN arrived, in sequence after every byte already received), or ``None``
+    while it is established. Unread data in the receive buffer does not hide either, and
+    nothing is read (see :func:`tcp_state`)."""
+    state = tcp_state(sock)
+    if state == TCP_CLOSE:
+        return "rst"
+    if state == TCP_CLOSE_WAIT:
+        return "fin"
+    return None
