@@ -26,7 +26,7 @@ from ._actions import ActionConfig
 from ._openai import ENDPOINT_PATHS, Endpoint, TokenCounter, parse_payload, request_body
 from ._reads import FullSpeed, ReadConfig
 from ._records import Chunk, RequestRecord
-from ._sockets import local_address, peer_cut, set_rcvbuf
+from ._sockets import local_address, peer_cut, response_complete_in_buffer, set_rcvbuf
 from ._sse import SSEDecoder
 
 _MAX_ERROR_BODY_BYTES = 4096
@@ -112,13 +112,18 @@ class _Stream:
     def hold(self, duration_s: float) -> str:
         """Read nothing for ``duration_s`` s while watching the connection's TCP state every
         :data:`CUT_POLL_S`. Returns ``"held"``, ``"deadline"`` (the request's deadline came
-        first; the hold stops there) or ``"cut"`` (the server sent RST or FIN: the hold stops
-        and the record's ``t_cut_seen`` and ``cut_kind`` are set)."""
+        first; the hold stops there) or ``"cut"`` (the server sent RST, or FIN before the end
+        of the response: the hold stops and the record's ``t_cut_seen`` and ``cut_kind`` are
+        set). A FIN right after a complete response (its last chunk is in the receive buffer)
+        is the normal end, not a cut: the hold goes on."""
         end = self.now() + duration_s
         stop = min(end, self.deadline)
+        fin_ok = False
         while True:
             kind = peer_cut(self.sock)
-            if kind is not None:
+            if kind == "fin" and not fin_ok:
+                fin_ok = response_complete_in_buffer(self.sock)
+            if kind == "rst" or (kind == "fin" and not fin_ok):
                 self.note_cut(kind)
                 return "cut"
             left = stop - self.now()

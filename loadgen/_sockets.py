@@ -101,3 +101,16 @@ def peer_cut(sock: socket.socket) -> str | None:
     if state == TCP_CLOSE_WAIT:
         return "fin"
     return None
+
+
+def response_complete_in_buffer(sock: socket.socket) -> bool:
+    """Whether the bytes waiting unread in the receive buffer end with the last chunk of a
+    chunked HTTP/1.1 body (``0\\r\\n\\r\\n``, RFC 9112 §7.1), i.e. a FIN that follows them
+    ends a complete response rather than cutting it. Peeks (``MSG_PEEK``): nothing is consumed
+    and the receive window does not open. ``False`` if nothing can be peeked."""
+    try:
+        size = int(sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF))
+        data = sock.recv(max(size, 65536), socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except OSError:
+        return False
+    return data.endswith(b"0\r\n\r\n")
