@@ -23,6 +23,7 @@ SCALAR_METRICS: dict[str, tuple[str, ...]] = {
     "num_requests_running": ("vllm:num_requests_running",),
     "num_requests_waiting": ("vllm:num_requests_waiting",),
     "num_preemptions_total": ("vllm:num_preemptions_total",),
+    "generation_tokens_total": ("vllm:generation_tokens_total",),
 }
 # Histograms whose _sum and _count are kept per scrape.
 HISTOGRAM_METRICS: dict[str, str] = {

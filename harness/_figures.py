@@ -7,6 +7,8 @@ Names (units in the name, as in ``summary.json``):
   outcome counts (``slow.outcome.client_abort``; an outcome that never happened counts 0);
 - ``server.<field>`` for every numeric field of :class:`~harness._summary.ServerSummary`
   (``server.preemptions``, ``server.kv_cache_usage_peak_perc`` ...);
+- ``proxy.<field>`` for every numeric field of :class:`~harness._proxy_probe.ProxySummary`
+  (``proxy.rss_peak_bytes`` ...) when the run had a proxy summary;
 - run-level figures: ``duration_s``, ``client_saturated`` (1 or 0), and the KV-held verdict's
   ``kv_held_after_finish_s``, ``kv_held_peak_perc``, ``kv_seconds``,
   ``undelivered_peak_bytes``.
@@ -24,6 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from harness._proxy_probe import ProxySummary
 from harness._summary import GroupSummary, RunSummary, ServerSummary
 from loadgen._records import OUTCOMES
 
@@ -52,6 +55,7 @@ def figure_names(groups: Iterable[str]) -> list[str]:
     """Every valid figure name for a scenario with these user group names, sorted."""
     names = list(RUN_FIGURES)
     names += [f"server.{f}" for f in numeric_fields(ServerSummary)]
+    names += [f"proxy.{f}" for f in numeric_fields(ProxySummary)]
     for g in groups:
         names += [f"{g}.{f}" for f in numeric_fields(GroupSummary)]
         names += [f"{g}.outcome.{o}" for o in OUTCOMES]
@@ -69,6 +73,8 @@ def figures(summary: RunSummary) -> dict[str, float | None]:
         out[name] = _float(kv.get(key))
     for f in numeric_fields(ServerSummary):
         out[f"server.{f}"] = _float(getattr(summary.server, f))
+    for f in numeric_fields(ProxySummary):
+        out[f"proxy.{f}"] = None if summary.proxy is None else _float(getattr(summary.proxy, f))
     for g in summary.groups:
         for f in numeric_fields(GroupSummary):
             out[f"{g.group}.{f}"] = _float(getattr(g, f))

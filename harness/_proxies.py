@@ -41,7 +41,9 @@ class NginxProxyConfig(_Strict):
     to the client may make no progress before nginx closes the connection;
     ``reset_timedout_connection`` turns that close into a RST. ``read_timeout_s``:
     ``proxy_read_timeout`` between two upstream reads. ``ignore_client_abort``: keep reading
-    upstream after the client went away.
+    upstream after the client went away. ``client_sndbuf_bytes``: the ``sndbuf=`` parameter of
+    ``listen`` (``SO_SNDBUF`` of the sockets toward clients; None: kernel autotuning, which can
+    absorb a whole response so that ``send_timeout`` never starts).
     """
 
     kind: Literal["nginx"]
@@ -53,6 +55,7 @@ class NginxProxyConfig(_Strict):
     read_timeout_s: float = Field(600.0, gt=0)
     reset_timedout_connection: bool = False
     ignore_client_abort: bool = False
+    client_sndbuf_bytes: int | None = Field(None, ge=1024)
     listen_host: str = "127.0.0.1"
     listen_port: int = Field(0, ge=0, le=65535, description="0 picks a free port")
     binary: str = "nginx"
@@ -127,6 +130,7 @@ def render_nginx_conf(config: NginxProxyConfig, *, prefix: Path, port: int, upst
     under ``prefix``, it listens on ``config.listen_host:port`` and proxies to ``upstream``
     (``host:port``)."""
     on = {True: "on", False: "off"}
+    sndbuf = "" if config.client_sndbuf_bytes is None else f" sndbuf={config.client_sndbuf_bytes}"
     user = "user root;\n" if os.geteuid() == 0 else ""
     return f"""# Rendered by zerowindow for this run.
 {user}worker_processes 1;
@@ -143,7 +147,7 @@ http {{
     scgi_temp_path {prefix}/scgi_temp;
     upstream target {{ server {upstream}; keepalive 64; }}
     server {{
-        listen {config.listen_host}:{port};
+        listen {config.listen_host}:{port}{sndbuf};
         send_timeout {_ms(config.send_timeout_s)};
         reset_timedout_connection {on[config.reset_timedout_connection]};
         location / {{
@@ -218,13 +222,16 @@ class NginxProxy:
 
 
 class EgressProxy:
-    """``python -m harness._egress`` started for the run; its log is ``egress.log``."""
+    """``python -m harness._egress`` started for the run; its log is ``egress.log``. Its
+    Prometheus metrics are served at :attr:`metrics_url` (a second port on the same host)."""
 
     kind: ClassVar[str] = "egress"
 
     def __init__(self, config: EgressProxyConfig) -> None:
         self.config = config
         self.port = config.listen_port or free_port(config.listen_host)
+        self.metrics_port = free_port(config.listen_host)
+        self.metrics_url = f"http://{config.listen_host}:{self.metrics_port}/metrics"
         self.server = ServerProcess("egress buffer")
         self.argv: list[str] = []
 
@@ -234,6 +241,7 @@ class EgressProxy:
             sys.executable, "-m", "harness._egress",
             "--upstream", upstream_url,
             "--listen", f"{c.listen_host}:{self.port}",
+            "--metrics-listen", f"{c.listen_host}:{self.metrics_port}",
             "--buffer-bytes", str(c.buffer_bytes),
             "--overflow", c.overflow,
             "--stall-timeout-s", str(c.stall_timeout_s),

@@ -30,9 +30,11 @@ from pydantic import ValidationError
 from harness._collectors import MetricsScraper, SocketSampler
 from harness._loadrun import LoadProcess, records_path, saturation_path, start_load
 from harness._proxies import make_proxy
+from harness._proxy_probe import ProxyProbe, proxy_pid, proxy_summary
 from harness._runinfo import host_facts, versions
 from harness._saturation import saturation_summary
-from harness._scenario import Scenario, ScenarioError, UrlTargetConfig
+from harness._scenario import NamedProxyConfig, Scenario, ScenarioError, UrlTargetConfig
+from harness._stalls import abort_times, attribute_aborts
 from harness._summary import (
     RunSummary,
     group_names,
@@ -99,16 +101,30 @@ def _write_json(path: Path, data: Any) -> None:
 
 
 class _Run:
-    """State of one run; ``execute`` is the whole life cycle."""
+    """State of one run; ``execute`` is the whole life cycle.
+
+    ``proxy`` replaces the scenario's ``proxy`` (one entry of its ``proxies``);
+    ``manage_target=False`` uses a target that is already running and leaves it running."""
 
     def __init__(
-        self, scenario: Scenario, scenario_path: Path | None, run_dir: Path, target: Target
+        self,
+        scenario: Scenario,
+        scenario_path: Path | None,
+        run_dir: Path,
+        target: Target,
+        *,
+        proxy: NamedProxyConfig | None = None,
+        manage_target: bool = True,
     ) -> None:
         self.scenario = scenario
         self.scenario_path = scenario_path
         self.run_dir = run_dir
         self.target = target
-        self.proxy = make_proxy(scenario.proxy)
+        self.manage_target = manage_target
+        self.proxy_name = proxy.name if proxy else scenario.proxy.kind
+        self.proxy_kind = proxy.proxy.kind if proxy else scenario.proxy.kind
+        self.proxy = make_proxy(proxy.proxy if proxy else scenario.proxy)
+        self.probe: ProxyProbe | None = None
         self.client_url = target.base_url
         self.loads: list[LoadProcess] = []
         self.scraper: MetricsScraper | None = None
@@ -131,7 +147,8 @@ class _Run:
     # -- phases -------------------------------------------------------------------------
 
     def _start_target(self) -> None:
-        self.target.start(self.run_dir)
+        if self.manage_target:
+            self.target.start(self.run_dir)
         self.client_url = self.proxy.start(self.run_dir, self.target.base_url)
         # Undelivered bytes wait in the sockets that face the clients (the proxy's, if any).
         url = urlsplit(self.client_url)
@@ -141,6 +158,18 @@ class _Run:
         self.sockets = SocketSampler(port, interval_s=c.sockets_interval_s)
         self.scraper.start()
         self.sockets.start()
+        if self.proxy_kind != "none":
+            target = urlsplit(self.target.base_url)
+            nginx = self.proxy_kind == "nginx"
+            self.probe = ProxyProbe(
+                pid=proxy_pid(self.proxy),
+                client_port=port,
+                target_port=target.port or 80,
+                metrics_url=getattr(self.proxy, "metrics_url", None),
+                temp_dir=self.run_dir / "nginx" / "proxy_temp" if nginx else None,
+                interval_s=c.metrics_interval_s,
+            )
+            self.probe.start()
 
     def _start_load(self) -> None:
         self.t_load = t_load = time.monotonic()
@@ -223,11 +252,12 @@ class _Run:
         """Release everything, then write what was measured. Runs once, in ``finally``."""
         for load in self.loads:
             load.stop()
-        for sampler in (self.scraper, self.sockets):
+        for sampler in (self.scraper, self.sockets, self.probe):
             if sampler is not None:
                 sampler.stop()
         self.proxy.stop()
-        self.target.stop()
+        if self.manage_target:
+            self.target.stop()
         self.info["proxy"] = self.proxy.describe()
         self.info["load_processes"] = [{"group": ld.group, "argv": ld.argv} for ld in self.loads]
         self.info["target"] = self.target.describe()
@@ -245,6 +275,7 @@ class _Run:
         )
         records = load_records(records_path(self.run_dir, g.name) for g in self.scenario.groups)
         requests = requests_frame(records, sockets)
+        requests = attribute_aborts(requests, abort_times(metrics, requests["t_send"]))
         chunks = chunks_frame(records)
         for frame, name in (
             (requests, "requests"),
@@ -270,10 +301,15 @@ class _Run:
             failure=self.failure,
             duration_s=time.monotonic() - self.t_start,
             groups=[summarize_group(n, requests, chunks) for n in names],
-            server=summarize_server(metrics, self.scraper.missing() if self.scraper else []),
+            server=summarize_server(
+                metrics, self.scraper.missing() if self.scraper else [], requests
+            ),
             verdicts={"kv_held_by_undelivered_streams": verdict.as_dict()},
             client_saturation=saturation_summary(
                 [saturation_path(self.run_dir, g.name) for g in self.scenario.groups]
+            ),
+            proxy=proxy_summary(
+                self.proxy_name, self.proxy_kind, self.probe.rows if self.probe else []
             ),
         )
         _write_json(self.run_dir / "summary.json", summary.model_dump(mode="json"))

@@ -123,8 +123,32 @@ class VerdictConfig(_Strict):
     min_observe_s: float = Field(1.0, gt=0)
 
 
+class NamedProxyConfig(_Strict):
+    """One entry of a scenario's ``proxies``: a proxy configuration and its ``name`` (the name
+    of its run folder and of its row in the comparison; default: the kind). In TOML the name
+    sits beside the proxy's own fields::
+
+        proxies = [{ name = "none", kind = "none" },
+                   { name = "nginx-buffered", kind = "nginx", buffering = true }]
+    """
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)
+    proxy: ProxyConfig
+
+    @model_validator(mode="before")
+    @classmethod
+    def _split_name(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "proxy" not in data:
+            fields = dict(data)
+            name = fields.pop("name", fields.get("kind"))
+            return {"name": name, "proxy": fields}
+        return data
+
+
 class Scenario(_Strict):
     """A whole experiment. ``proxy`` stands between the clients and the target (default: none).
+    ``proxies`` instead lists several proxy configurations: the same workload then runs through
+    each in turn against one target (see ``harness._comparison_run``).
     ``max_duration_s`` bounds the load phase; ``cooldown_s`` is how long the collectors keep
     sampling after the last load process ended."""
 
@@ -135,6 +159,7 @@ class Scenario(_Strict):
     cooldown_s: float = Field(3.0, ge=0)
     target: TargetConfig
     proxy: ProxyConfig = NoProxyConfig()
+    proxies: list[NamedProxyConfig] = []
     groups: list[UserGroupConfig] = Field(min_length=1)
     collectors: CollectorConfig = CollectorConfig()
     verdict: VerdictConfig = VerdictConfig()
@@ -147,6 +172,16 @@ class Scenario(_Strict):
                 f"groups {', '.join(late)} start_after_s is not below "
                 f"max_duration_s={self.max_duration_s:g}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _one_way_to_name_proxies(self) -> Scenario:
+        if self.proxies and self.proxy != NoProxyConfig():
+            raise ValueError("set either proxy or proxies, not both")
+        names = [p.name for p in self.proxies]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"proxy names must be unique; repeated: {', '.join(duplicates)}")
         return self
 
     @field_validator("groups")
@@ -196,6 +231,8 @@ def _format_errors(path: Path, text: str, error: ValidationError) -> str:
             p
             for i, p in enumerate(raw)
             if not (i > 0 and raw[i - 1] in _UNIONS and p in _UNION_TAGS)
+            # proxies[i].proxy.x: in the file, the proxy's fields sit in the entry itself
+            and not (i > 1 and p == "proxy" and raw[i - 2] == "proxies")
         )
         field = ".".join(str(p) for p in loc) or "(top level)"
         # A missing field is not in the text: point at the table that lacks it.

@@ -12,12 +12,23 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel
 
+from harness._proxy_probe import ProxySummary
 from harness._saturation import SaturationSummary
+from harness._stalls import generation_tokens, undelivered_tokens
 from harness._stats import inter_chunk, per_token_itl, percentile
 
 
 class GroupSummary(BaseModel):
-    """Figures of one user group. Latencies in ms; ``None`` when nothing was measured."""
+    """Figures of one user group. Latencies in ms; ``None`` when nothing was measured.
+
+    Stalled streams (their client's ``stall``/``stop_reading`` action fired): ``stalled``
+    counts them; ``cut_seen`` those whose client saw the server (or proxy) end the connection
+    before the response was complete, ``cut_rst`` those that saw a RST; ``stall_to_cut_*_ms`` is
+    the time from stall onset to the client seeing RST or FIN; ``engine_aborted`` and
+    ``stall_to_abort_*_ms`` estimate when the engine aborted them (``harness._stalls``: aborts
+    are counted from the engine's gauges and matched to streams in order, to within one scrape
+    interval).
+    """
 
     group: str
     user_class: str | None
@@ -35,13 +46,24 @@ class GroupSummary(BaseModel):
     output_tokens: int
     output_tokens_per_s: float | None
     server_send_q_peak_bytes: int | None
+    stalled: int = 0
+    cut_seen: int = 0
+    cut_rst: int = 0
+    stall_to_cut_p50_ms: float | None = None
+    stall_to_cut_max_ms: float | None = None
+    engine_aborted: int = 0
+    stall_to_abort_p50_ms: float | None = None
+    stall_to_abort_max_ms: float | None = None
 
 
 class ServerSummary(BaseModel):
     """Server figures from its /metrics. ``preemptions`` is the counter's rise over the run;
     ``missing_metrics`` names figures the server never reported; ``scrape_gap_max_s`` is the
     longest time between two scrapes (a starved harness samples less often than configured, and
-    peaks between two scrapes are missed)."""
+    peaks between two scrapes are missed). ``request_success`` is each counter's rise over the
+    run. ``generation_tokens`` is the rise of the engine's generated-token counter;
+    ``undelivered_tokens`` the output tokens it generated that no client received (the wasted
+    decode of stalled streams: see ``harness._stalls``)."""
 
     kv_cache_usage_peak_perc: float | None
     preemptions: float | None
@@ -52,6 +74,8 @@ class ServerSummary(BaseModel):
     failed_scrapes: int
     scrape_gap_max_s: float | None
     missing_metrics: list[str]
+    generation_tokens: float | None = None
+    undelivered_tokens: float | None = None
 
 
 class RunSummary(BaseModel):
@@ -65,6 +89,7 @@ class RunSummary(BaseModel):
     server: ServerSummary
     verdicts: dict[str, Any]
     client_saturation: SaturationSummary
+    proxy: ProxySummary | None = None
 
 
 def _ms(values: list[float], q: float) -> float | None:
@@ -92,6 +117,14 @@ def summarize_group(name: str, requests: pd.DataFrame, chunks: pd.DataFrame) -> 
         span = float(req["t_last_byte"].max() - req["t_send"].min())
     peak_q = req["server_send_q_peak_bytes"].max() if len(req) else None
     user_class = str(req["user_class"].iloc[0]) if len(req) else None
+    stalled = req[req["t_stall"].notna()] if "t_stall" in req else req.iloc[0:0]
+    cut = stalled[stalled["t_cut_seen"].notna()] if len(stalled) else stalled
+    to_cut = cut["stall_to_cut_ms"].dropna() if len(cut) else pd.Series(dtype=float)
+    to_abort = (
+        stalled["stall_to_abort_ms"].dropna()
+        if "stall_to_abort_ms" in stalled
+        else pd.Series(dtype=float)
+    )
     return GroupSummary(
         group=name,
         user_class=user_class,
@@ -109,11 +142,22 @@ def summarize_group(name: str, requests: pd.DataFrame, chunks: pd.DataFrame) -> 
         output_tokens=tokens,
         output_tokens_per_s=tokens / span if span else None,
         server_send_q_peak_bytes=None if (q := _maybe(peak_q)) is None else int(q),
+        stalled=len(stalled),
+        cut_seen=len(cut),
+        cut_rst=int((cut["cut_kind"] == "rst").sum()) if len(cut) else 0,
+        stall_to_cut_p50_ms=percentile(to_cut, 50),
+        stall_to_cut_max_ms=_maybe(to_cut.max()) if len(to_cut) else None,
+        engine_aborted=len(to_abort),
+        stall_to_abort_p50_ms=percentile(to_abort, 50),
+        stall_to_abort_max_ms=_maybe(to_abort.max()) if len(to_abort) else None,
     )
 
 
-def summarize_server(metrics: pd.DataFrame, missing: list[str]) -> ServerSummary:
-    """Summarize the scraped time series (columns as in ``server_metrics.parquet``)."""
+def summarize_server(
+    metrics: pd.DataFrame, missing: list[str], requests: pd.DataFrame | None = None
+) -> ServerSummary:
+    """Summarize the scraped time series (columns as in ``server_metrics.parquet``);
+    ``requests`` (the run's ``requests_frame``) gives ``undelivered_tokens``."""
     ok = metrics[metrics["scrape_ok"]] if len(metrics) else metrics
 
     def col(name: str) -> pd.Series:
@@ -121,7 +165,7 @@ def summarize_server(metrics: pd.DataFrame, missing: list[str]) -> ServerSummary
 
     kv, pre = col("kv_cache_usage"), col("num_preemptions_total")
     success = {
-        c.removeprefix("request_success_"): float(ok[c].dropna().iloc[-1])
+        c.removeprefix("request_success_"): float(ok[c].dropna().iloc[-1] - ok[c].dropna().iloc[0])
         for c in ok.columns
         if c.startswith("request_success_") and ok[c].notna().any()
     }
@@ -135,6 +179,8 @@ def summarize_server(metrics: pd.DataFrame, missing: list[str]) -> ServerSummary
         scrape_gap_max_s=_maybe(metrics["t"].diff().max()) if len(metrics) > 1 else None,
         failed_scrapes=int((~metrics["scrape_ok"]).sum()) if len(metrics) else 0,
         missing_metrics=missing,
+        generation_tokens=generation_tokens(metrics),
+        undelivered_tokens=None if requests is None else undelivered_tokens(metrics, requests),
     )
 
 

@@ -21,6 +21,7 @@ REQUEST_COLUMNS = [
     "t_send", "t_send_wall", "t_first_byte", "t_first_token", "t_last_byte", "t_end",
     "ttft_ms", "e2e_ms", "tpot_ms", "max_tokens", "prompt_tokens_requested", "prompt_tokens",
     "completion_tokens", "bytes_received", "n_chunks", "stall_s",
+    "action", "t_action", "t_stall", "t_cut_seen", "cut_kind", "stall_to_cut_ms",
     "server_send_q_peak_bytes",
 ]  # fmt: skip
 CHUNK_COLUMNS = ["request_id", "group", "index", "t", "tokens", "bytes", "gap_ms"]
@@ -51,8 +52,10 @@ def _stall_s(record: RequestRecord) -> float:
 
 def requests_frame(records: list[RequestRecord], sockets: pd.DataFrame) -> pd.DataFrame:
     """One row per request (columns :data:`REQUEST_COLUMNS`; times in monotonic s, latencies
-    in ms). ``server_send_q_peak_bytes`` is the largest Send-Q the server's socket for that
-    client address and port showed, or NaN when no sample matched."""
+    in ms). ``t_stall`` is when the client's first stall began (``stall``/``stop_reading``);
+    ``stall_to_cut_ms`` the time from it to ``t_cut_seen``, when the client saw the server's RST
+    or FIN (NaN if it never did). ``server_send_q_peak_bytes`` is the largest Send-Q the
+    server's socket for that client address and port showed, or NaN when no sample matched."""
     rows: list[dict[str, Any]] = []
     for r in records:
         token_times = [c.t for c in r.chunks if c.tokens > 0]
@@ -69,6 +72,8 @@ def requests_frame(records: list[RequestRecord], sockets: pd.DataFrame) -> pd.Da
             ),
             n_chunks=len(r.chunks),
             stall_s=_stall_s(r),
+            t_stall=r.stalls[0][0] if r.stalls else None,
+            stall_to_cut_ms=_ms(r.stalls[0][0], r.t_cut_seen) if r.stalls else None,
         )
         rows.append(row)
     frame = pd.DataFrame(

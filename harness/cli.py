@@ -9,7 +9,7 @@ import typer
 
 from harness._console import print_summary
 from harness._run import EXIT_SETUP, run_scenario
-from harness._scenario import ScenarioError, load_scenario
+from harness._scenario import Scenario, ScenarioError, load_scenario
 
 app = typer.Typer(
     help="Chaos and load testing for LLM streaming servers.",
@@ -32,12 +32,15 @@ def run(
         "results"
     ),
 ) -> None:
-    """Run SCENARIO and write results/<scenario>/<UTC timestamp>/."""
+    """Run SCENARIO and write results/<scenario>/<UTC timestamp>/ (with `proxies = [...]`: one
+    run folder per proxy configuration in it, and the comparison)."""
     try:
         config = load_scenario(scenario)
     except ScenarioError as exc:
         typer.echo(f"invalid scenario\n{exc}", err=True)
         raise typer.Exit(EXIT_SETUP) from None
+    if config.proxies:
+        _run_comparison(config, scenario, out, target_url)
     try:
         result = run_scenario(config, scenario_path=scenario, out_root=out, target_url=target_url)
     except ScenarioError as exc:
@@ -47,6 +50,26 @@ def run(
         typer.echo(f"cannot create the run folder under {out}: {exc.strerror}", err=True)
         raise typer.Exit(EXIT_SETUP) from None
     print_summary(result.summary, run_dir=str(result.run_dir))
+    raise typer.Exit(result.exit_code)
+
+
+def _run_comparison(config: Scenario, path: Path, out: Path, target_url: str | None) -> None:
+    from harness._comparison import print_comparison
+    from harness._comparison_run import run_comparison
+
+    try:
+        result = run_comparison(config, scenario_path=path, out_root=out, target_url=target_url)
+    except ScenarioError as exc:
+        typer.echo(f"invalid argument\n{exc}", err=True)
+        raise typer.Exit(EXIT_SETUP) from None
+    except OSError as exc:
+        typer.echo(f"cannot create the run folder under {out}: {exc.strerror}", err=True)
+        raise typer.Exit(EXIT_SETUP) from None
+    if result.comparison is not None:
+        print_comparison(result.comparison, title=config.name)
+    if result.failure:
+        typer.secho(f"comparison incomplete: {result.failure}", fg="red", err=True)
+    typer.echo(f"results: {result.run_dir}")
     raise typer.Exit(result.exit_code)
 
 

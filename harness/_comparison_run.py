@@ -1,0 +1,171 @@
+"""One workload through several proxy configurations against one target: ``proxies = [...]``.
+
+:func:`run_comparison` starts the scenario's target once, then for each entry of the
+scenario's ``proxies`` in turn waits until the engine is idle (no running or waiting request),
+starts that proxy and runs the scenario's groups through it into ``<run>/<name>/`` (a complete
+run folder each: tables, ``summary.json``, ``run.json``), and stops the proxy. The workload is
+identical in each: the load processes are started afresh with the same seed, so the same users
+send the same prompts (``loadgen._prompt``: seeded by run seed, group, user and request index)
+on the same schedule (spawn rate, ``start_after_s``, ``wait_s``). Then it writes the comparison
+(``comparison.json``, ``comparison.md``; ``harness._comparison``) into ``<run>/`` and stops the
+target.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from harness._collectors import parse_vllm_metrics
+from harness._comparison import Comparison, compare, write_comparison
+from harness._run import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_SETUP,
+    RunInterrupted,
+    RunResult,
+    _Run,
+    _signals_raise,
+    new_run_dir,
+    url_target,
+)
+from harness._runinfo import host_facts, versions
+from harness._scenario import Scenario
+from harness._targets import Target, TargetError, make_target
+from loadgen._reads import FullSpeed
+
+IDLE_TIMEOUT_S = 120.0
+
+
+@dataclass
+class ComparisonResult:
+    """What a comparison run produced: the parent folder, each configuration's run (by name,
+    in run order), the comparison (``None`` if no configuration ran) and the exit code
+    (0 all complete, 1 one failed, 2 the target could not start, 130 interrupted)."""
+
+    run_dir: Path
+    runs: dict[str, RunResult] = field(default_factory=dict)
+    comparison: Comparison | None = None
+    exit_code: int = EXIT_OK
+    failure: str | None = None
+
+
+def healthy_groups(scenario: Scenario) -> list[str]:
+    """Groups of healthy readers: full-speed reads, no client action (stalls, closes)."""
+    return [
+        g.name for g in scenario.groups if isinstance(g.read, FullSpeed) and g.action is None
+    ]
+
+
+def wait_idle(base_url: str, *, timeout_s: float = IDLE_TIMEOUT_S) -> float | None:
+    """Wait until ``{base_url}/metrics`` reports no running and no waiting request; return how
+    long that took (s), or ``None`` if it did not happen within ``timeout_s``."""
+    t0 = time.monotonic()
+    with httpx.Client(timeout=5.0) as client:
+        while time.monotonic() - t0 < timeout_s:
+            try:
+                figures = parse_vllm_metrics(client.get(f"{base_url}/metrics").text)
+            except (httpx.HTTPError, ValueError):
+                figures = {}
+            busy = figures.get("num_requests_running", 1) + figures.get("num_requests_waiting", 1)
+            if busy == 0:
+                return time.monotonic() - t0
+            time.sleep(0.25)
+    return None
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def run_comparison(
+    scenario: Scenario,
+    *,
+    scenario_path: Path | None = None,
+    out_root: Path = Path("results"),
+    target_url: str | None = None,
+) -> ComparisonResult:
+    """Run ``scenario`` through each of its ``proxies`` (module docstring) under
+    ``out_root/<name>/<UTC timestamp>/``. Never raises for failures of the target, a proxy or
+    the load: they end up in ``comparison-run.json``, the runs' ``run.json`` and the exit code.
+    Raises :class:`~harness._scenario.ScenarioError` for an invalid ``target_url`` and
+    ``ValueError`` if the scenario lists no ``proxies``."""
+    if not scenario.proxies:
+        raise ValueError("the scenario lists no proxies")
+    if target_url is not None:
+        scenario = scenario.model_copy(update={"target": url_target(scenario, target_url)})
+    run_dir = new_run_dir(out_root, scenario.name)
+    if scenario_path is not None:
+        shutil.copyfile(scenario_path, run_dir / "scenario.toml")
+    target = make_target(scenario.target)
+    result = ComparisonResult(run_dir)
+    info: dict[str, Any] = {
+        "scenario": scenario.model_dump(mode="json"),
+        "configurations": [p.name for p in scenario.proxies],
+        "versions": versions(),
+        "host": host_facts(),
+        "started_utc": datetime.now(UTC).isoformat(),
+        "idle_wait_s": {},
+    }
+    with _signals_raise():
+        try:
+            target.start(run_dir)
+            _run_each(scenario, scenario_path, run_dir, target, result, info)
+        except RunInterrupted as exc:
+            result.exit_code, result.failure = EXIT_INTERRUPTED, f"stopped by {exc}"
+        except TargetError as exc:
+            result.exit_code = EXIT_FAILED if result.runs else EXIT_SETUP
+            result.failure = str(exc)
+        except OSError as exc:
+            result.exit_code, result.failure = EXIT_SETUP, f"cannot start the run: {exc}"
+        finally:
+            target.stop()
+    info["target"] = target.describe()
+    if result.runs:
+        kinds = {p.name: p.proxy.kind for p in scenario.proxies}
+        result.comparison = compare(
+            {n: r.summary for n, r in result.runs.items()},
+            kinds=kinds,
+            healthy_groups=healthy_groups(scenario),
+        )
+        write_comparison(result.comparison, run_dir, title=scenario.name)
+    info.update(
+        exit_code=result.exit_code,
+        failure=result.failure,
+        ended_utc=datetime.now(UTC).isoformat(),
+    )
+    _write_json(run_dir / "comparison-run.json", info)
+    return result
+
+
+def _run_each(
+    scenario: Scenario,
+    scenario_path: Path | None,
+    run_dir: Path,
+    target: Target,
+    result: ComparisonResult,
+    info: dict[str, Any],
+) -> None:
+    for named in scenario.proxies:
+        if reason := target.failure():
+            raise TargetError(reason)
+        waited = wait_idle(target.base_url)
+        info["idle_wait_s"][named.name] = waited
+        sub_dir = run_dir / named.name
+        sub_dir.mkdir()
+        run = _Run(scenario, scenario_path, sub_dir, target, proxy=named, manage_target=False)
+        outcome = run.execute()
+        result.runs[named.name] = outcome
+        if outcome.exit_code == EXIT_INTERRUPTED:
+            raise RunInterrupted("signal")
+        if outcome.exit_code != EXIT_OK:
+            result.exit_code = EXIT_FAILED
+            result.failure = f"{named.name}: {outcome.summary.failure}"
