@@ -60,9 +60,7 @@ class ComparisonResult:
 
 def healthy_groups(scenario: Scenario) -> list[str]:
     """Groups of healthy readers: full-speed reads, no client action (stalls, closes)."""
-    return [
-        g.name for g in scenario.groups if isinstance(g.read, FullSpeed) and g.action is None
-    ]
+    return [g.name for g in scenario.groups if isinstance(g.read, FullSpeed) and g.action is None]
 
 
 def wait_idle(base_url: str, *, timeout_s: float = IDLE_TIMEOUT_S) -> float | None:
