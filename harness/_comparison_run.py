@@ -65,15 +65,21 @@ def healthy_groups(scenario: Scenario) -> list[str]:
 
 def wait_idle(base_url: str, *, timeout_s: float = IDLE_TIMEOUT_S) -> float | None:
     """Wait until ``{base_url}/metrics`` reports no running and no waiting request; return how
-    long that took (s), or ``None`` if it did not happen within ``timeout_s``."""
+    long that took (s), or ``None`` if it did not happen within ``timeout_s`` or the server
+    does not report those gauges (then it returns at once: there is nothing to wait for)."""
     t0 = time.monotonic()
     with httpx.Client(timeout=5.0) as client:
         while time.monotonic() - t0 < timeout_s:
             try:
-                figures = parse_vllm_metrics(client.get(f"{base_url}/metrics").text)
+                response = client.get(f"{base_url}/metrics")
+                response.raise_for_status()
+                figures = parse_vllm_metrics(response.text)
             except (httpx.HTTPError, ValueError):
-                figures = {}
-            busy = figures.get("num_requests_running", 1) + figures.get("num_requests_waiting", 1)
+                time.sleep(0.25)
+                continue
+            if "num_requests_running" not in figures:
+                return None
+            busy = figures["num_requests_running"] + figures.get("num_requests_waiting", 0)
             if busy == 0:
                 return time.monotonic() - t0
             time.sleep(0.25)

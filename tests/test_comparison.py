@@ -253,3 +253,51 @@ def test_proxy_summary_from_probe_rows() -> None:
     assert s.stream_buffered_peak_mean_bytes == 3000  # (7000 - 1000) / (3 - 1)
     empty = proxy_summary("none", "none", [])
     assert empty.rss_peak_bytes is None and empty.client_send_q_peak_bytes is None
+
+
+_SCENARIO = """name = "x"
+[target]
+kind = "sim"
+[[groups]]
+name = "g"
+users = 1
+requests_per_user = 1
+"""
+
+
+def test_scenario_proxies_named_beside_their_fields() -> None:
+    from harness._scenario import parse_scenario
+
+    text = (
+        _SCENARIO
+        + """
+[[proxies]]
+kind = "none"
+[[proxies]]
+name = "nginx-buffered"
+kind = "nginx"
+send_timeout_s = 3
+"""
+    )
+    s = parse_scenario(text, path=Path("x.toml"))
+    assert [p.name for p in s.proxies] == ["none", "nginx-buffered"]  # default: the kind
+    assert s.proxies[1].proxy.send_timeout_s == 3  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ('[[proxies]]\nkind = "nginx"\nsend_timeout_s = -1\n',
+         "x.toml:10: field 'proxies.0.send_timeout_s'"),
+        ('[[proxies]]\nkind = "none"\n[[proxies]]\nkind = "none"\n',
+         "proxy names must be unique; repeated: none"),
+        ('[proxy]\nkind = "egress"\n[[proxies]]\nkind = "none"\n',
+         "set either proxy or proxies, not both"),
+    ],
+)  # fmt: skip
+def test_scenario_proxies_errors(extra: str, message: str) -> None:
+    from harness._scenario import ScenarioError, parse_scenario
+
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(_SCENARIO + extra, path=Path("x.toml"))
+    assert message in str(err.value), str(err.value)
