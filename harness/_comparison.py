@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
 from rich.table import Table
 
+from harness._proxy_probe import ProxySummary
 from harness._summary import RunSummary, to_builtin
 
 GROUP_COLUMNS = [
@@ -122,11 +123,19 @@ def config_rows(summaries: dict[str, RunSummary]) -> pd.DataFrame:
                 "stream_buffered_peak_mean_bytes": p.stream_buffered_peak_mean_bytes if p else None,
                 "client_send_q_peak_bytes": p.client_send_q_peak_bytes if p else None,
                 "upstream_recv_q_peak_bytes": p.upstream_recv_q_peak_bytes if p else None,
-                "proxy_cuts": p.cuts if p else None,
+                "proxy_cuts": _cuts(p) if p else None,
                 "proxy_upstream_aborts": p.upstream_aborts if p else None,
             }
         )
     return pd.DataFrame(rows, columns=CONFIG_COLUMNS)
+
+
+def _cuts(proxy: ProxySummary) -> str | None:
+    """``"3 (overflow 3)"``: the egress buffer's cuts and their reasons."""
+    if proxy.cuts is None:
+        return None
+    reasons = ", ".join(f"{k} {v:g}" for k, v in proxy.cut_reasons.items())
+    return f"{proxy.cuts:g}" + (f" ({reasons})" if reasons else "")
 
 
 def buffering_distortion(
@@ -155,6 +164,7 @@ def buffering_distortion(
             continue
         evidence: list[dict[str, Any]] = []
         flagged: list[dict[str, Any]] = []
+        skipped: list[str] = []
         for group in healthy_groups:
             base = groups[(groups["configuration"] == baseline) & (groups["group"] == group)]
             this = groups[(groups["configuration"] == name) & (groups["group"] == group)]
@@ -163,7 +173,14 @@ def buffering_distortion(
             b, t = base.iloc[0], this.iloc[0]
             values = [b["ttft_p50_ms"], t["ttft_p50_ms"], b["inter_chunk_p50_ms"],
                       t["inter_chunk_p50_ms"]]  # fmt: skip
-            if any(v is None or pd.isna(v) or v <= 0 for v in values):
+            if any(v is None or pd.isna(v) for v in values):
+                skipped.append(f"{group}: no TTFT or inter-chunk latency")
+                continue
+            if b["inter_chunk_p50_ms"] <= 0 or b["ttft_p50_ms"] <= 0:
+                skipped.append(
+                    f"{group}: inter-chunk p50 is 0 ms in {baseline} (the client reads several "
+                    "chunks at once: it lags or the link batches them)"
+                )
                 continue
             ttft_ratio = t["ttft_p50_ms"] / b["ttft_p50_ms"]
             gap_ratio = t["inter_chunk_p50_ms"] / b["inter_chunk_p50_ms"]
@@ -187,7 +204,8 @@ def buffering_distortion(
             if buffering:
                 flagged.append(item)
         if not evidence:
-            line = f"{name}: buffering not evaluated (no comparable latencies)"
+            why = "; ".join(skipped) or "no healthy group ran in both"
+            line = f"{name}: buffering not evaluated ({why})"
             out.append({"configuration": name, "status": "not_evaluated", "evidence": [],
                         "line": line})  # fmt: skip
             continue

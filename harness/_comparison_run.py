@@ -6,7 +6,10 @@ starts that proxy and runs the scenario's groups through it into ``<run>/<name>/
 run folder each: tables, ``summary.json``, ``run.json``), and stops the proxy. The workload is
 identical in each: the load processes are started afresh with the same seed, so the same users
 send the same prompts (``loadgen._prompt``: seeded by run seed, group, user and request index)
-on the same schedule (spawn rate, ``start_after_s``, ``wait_s``). Then it writes the comparison
+on the same schedule (spawn rate, ``start_after_s``, ``wait_s``). Before the first
+configuration, :data:`WARMUP_REQUESTS` short requests go straight to the target, so that the
+first configuration does not alone pay the engine's first-request costs (vLLM's first
+requests after start are several times slower). Then it writes the comparison
 (``comparison.json``, ``comparison.md``; ``harness._comparison``) into ``<run>/`` and stops the
 target.
 """
@@ -40,9 +43,12 @@ from harness._run import (
 from harness._runinfo import host_facts, versions
 from harness._scenario import Scenario
 from harness._targets import Target, TargetError, make_target
+from loadgen._client import RequestSpec, stream_request
+from loadgen._prompt import build_prompt, prompt_seed
 from loadgen._reads import FullSpeed
 
 IDLE_TIMEOUT_S = 120.0
+WARMUP_REQUESTS = 3
 
 
 @dataclass
@@ -86,6 +92,27 @@ def wait_idle(base_url: str, *, timeout_s: float = IDLE_TIMEOUT_S) -> float | No
     return None
 
 
+def warm_up(base_url: str, model: str, *, requests: int = WARMUP_REQUESTS) -> list[dict[str, Any]]:
+    """Send ``requests`` short streaming completions (32 prompt words, 16 tokens) to
+    ``base_url`` one after another with the load generator's client; return each one's
+    ``outcome`` and duration ``e2e_s``. Never raises for a failed request (its outcome says)."""
+    out = []
+    for i in range(requests):
+        spec = RequestSpec(
+            host=base_url,
+            model=model,
+            prompt=build_prompt(32, prompt_seed("warm-up", i)),
+            prompt_tokens=32,
+            max_tokens=16,
+            timeout_s=120.0,
+            group="warm-up",
+        )
+        record = stream_request(spec)
+        end = record.t_end if record.t_end is not None else record.t_send
+        out.append({"outcome": record.outcome, "e2e_s": end - record.t_send})
+    return out
+
+
 def _write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")
 
@@ -122,6 +149,7 @@ def run_comparison(
     with _signals_raise():
         try:
             target.start(run_dir)
+            info["warmup"] = warm_up(target.base_url, target.served_model_name)
             _run_each(scenario, scenario_path, run_dir, target, result, info)
         except RunInterrupted as exc:
             result.exit_code, result.failure = EXIT_INTERRUPTED, f"stopped by {exc}"

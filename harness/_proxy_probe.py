@@ -39,7 +39,10 @@ _EGRESS = "zerowindow_egress"
 
 class ProxySummary(BaseModel):
     """Figures of the proxy of one run. Sizes in bytes; ``None`` when not observable for this
-    kind (``none`` has no process; nginx has no per-stream buffer figure)."""
+    kind (``none`` has no process; nginx has no per-stream buffer figure). ``cuts`` and
+    ``upstream_aborts`` are the egress buffer's counters' rises over the run, ``cut_reasons``
+    the cuts by reason (``stall_timeout``: a write stall reached ``stall_timeout_s``;
+    ``overflow``: the stream's buffer filled up)."""
 
     name: str
     kind: str
@@ -51,6 +54,7 @@ class ProxySummary(BaseModel):
     cuts: float | None
     upstream_aborts: float | None
     samples: int
+    cut_reasons: dict[str, float] = {}
 
 
 def proxy_pid(proxy: Any) -> int | None:
@@ -89,7 +93,8 @@ def dir_bytes(path: Path) -> int:
 
 def parse_egress_metrics(text: str) -> dict[str, float]:
     """The egress buffer's figures from its exposition text: ``buffered_bytes``, ``cuts`` and
-    ``upstream_aborts`` (summed over reasons), ``stream_peak_sum``/``stream_peak_count`` (the
+    ``upstream_aborts`` (summed over reasons), ``cuts_<reason>`` (``stall_timeout``,
+    ``overflow``), ``stream_peak_sum``/``stream_peak_count`` (the
     per-stream peak buffered bytes histogram). Raises ``ValueError`` on unparsable text."""
     out: dict[str, float] = {}
     names = {
@@ -104,6 +109,9 @@ def parse_egress_metrics(text: str) -> dict[str, float]:
             key = names.get(sample.name)
             if key is not None:
                 out[key] = out.get(key, 0.0) + float(sample.value)
+            if key == "cuts" and "reason" in sample.labels:
+                name = f"cuts_{sample.labels['reason']}"
+                out[name] = out.get(name, 0.0) + float(sample.value)
     return out
 
 
@@ -208,4 +216,9 @@ def proxy_summary(name: str, kind: str, rows: list[dict[str, Any]]) -> ProxySumm
         cuts=_rise(rows, "cuts"),
         upstream_aborts=_rise(rows, "upstream_aborts"),
         samples=len(rows),
+        cut_reasons={
+            key.removeprefix("cuts_"): rise
+            for key in sorted({k for r in rows for k in r if k.startswith("cuts_")})
+            if (rise := _rise(rows, key))
+        },
     )

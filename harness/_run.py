@@ -312,6 +312,8 @@ class _Run:
                 self.proxy_name, self.proxy_kind, self.probe.rows if self.probe else []
             ),
         )
+        if self.probe is not None:
+            write_parquet(pd.DataFrame(self.probe.rows), self.run_dir / "proxy.parquet")
         _write_json(self.run_dir / "summary.json", summary.model_dump(mode="json"))
         self.info.update(
             status=self.status,

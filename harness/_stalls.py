@@ -8,12 +8,14 @@ are counted by conservation instead, the same way for every engine: at each scra
 
     aborted(t) = sent(t) - finished(t) - (running(t) + waiting(t))
 
-where ``sent`` counts the requests the clients had sent by ``t`` (from the records),
+where ``sent`` counts the requests the clients had sent (from the records) before the next
+scrape began (a scrape's figures may be up to its response time younger than its stamp),
 ``finished`` is the rise of ``request_success_total`` over every reason but ``abort``, and
 ``running``/``waiting`` are the engine's gauges. A request the server has received but not yet
-queued makes ``aborted`` blip up for a scrape; taking, at each scrape, the minimum over all
-later scrapes removes such blips. Each rise of the cleaned series is an abort, dated at the
-scrape that first showed it (the true moment lies up to one scrape interval earlier).
+queued (or one sent between two scrapes) makes ``aborted`` blip up for a scrape; taking, at
+each scrape, the minimum over all later scrapes removes such blips. Each rise of the cleaned
+series is an abort, dated at the scrape that first showed it (the true moment lies up to one
+scrape interval earlier).
 Aborts are then matched to the streams that did not complete, in order: the stream that gave
 up first (its client stalled, or it ended) is taken to be aborted first, never before it gave
 up. ``t_engine_abort`` and ``stall_to_abort_ms`` (from the stream's first stall) are that
@@ -55,9 +57,13 @@ def abort_times(metrics: pd.DataFrame, t_send: pd.Series) -> list[float]:
     finished = m[reasons].ffill().fillna(0.0).sum(axis=1) if reasons else pd.Series(0.0, m.index)
     finished = finished - finished.iloc[0]
     sends = np.sort(t_send.dropna().to_numpy(dtype=float))
-    sent = np.searchsorted(sends, m["t"].to_numpy(dtype=float), side="right")
+    # A scrape is stamped when it is sent; the figures it returns may be up to its response
+    # time later, so count what was sent before the next scrape began.
+    t_next = np.append(m["t"].to_numpy(dtype=float)[1:], np.inf)
+    sent = np.searchsorted(sends, t_next, side="right")
     queued = (m["num_requests_running"] + m["num_requests_waiting"]).to_numpy(dtype=float)
-    baseline = queued[0] - sent[0]  # requests of someone else in the engine at the start
+    # Requests of someone else in the engine at the first scrape.
+    baseline = queued[0] - np.searchsorted(sends, m["t"].iloc[0], side="right")
     aborted = sent - finished.to_numpy(dtype=float) - (queued - baseline)
     cleaned = np.minimum.accumulate(aborted[::-1])[::-1]  # minimum over later scrapes
     cleaned = np.maximum(np.round(cleaned), 0.0)

@@ -50,11 +50,23 @@ def _stall_s(record: RequestRecord) -> float:
     return total
 
 
+def _stall_onset(record: RequestRecord) -> float | None:
+    """When the client stopped reading: the last read (chunk time) before its first stall
+    began, or the stall's start if none. The action itself fires only after that read's events
+    were parsed, which on a loaded client can take hundreds of ms."""
+    if not record.stalls or record.stalls[0][0] is None:
+        return None
+    start = record.stalls[0][0]
+    before = [c.t for c in record.chunks if c.t <= start]
+    return max(before) if before else start
+
+
 def requests_frame(records: list[RequestRecord], sockets: pd.DataFrame) -> pd.DataFrame:
     """One row per request (columns :data:`REQUEST_COLUMNS`; times in monotonic s, latencies
-    in ms). ``t_stall`` is when the client's first stall began (``stall``/``stop_reading``);
-    ``stall_to_cut_ms`` the time from it to ``t_cut_seen``, when the client saw the server's RST
-    or FIN (NaN if it never did). ``server_send_q_peak_bytes`` is the largest Send-Q the
+    in ms). ``t_stall`` is when the client stopped reading for its first stall
+    (``stall``/``stop_reading``): its last read before the stall; ``stall_to_cut_ms`` the time
+    from it to ``t_cut_seen``, when the client saw the server's RST or FIN (NaN if it never
+    did). ``server_send_q_peak_bytes`` is the largest Send-Q the
     server's socket for that client address and port showed, or NaN when no sample matched."""
     rows: list[dict[str, Any]] = []
     for r in records:
@@ -72,13 +84,15 @@ def requests_frame(records: list[RequestRecord], sockets: pd.DataFrame) -> pd.Da
             ),
             n_chunks=len(r.chunks),
             stall_s=_stall_s(r),
-            t_stall=r.stalls[0][0] if r.stalls else None,
-            stall_to_cut_ms=_ms(r.stalls[0][0], r.t_cut_seen) if r.stalls else None,
+            t_stall=(t_stall := _stall_onset(r)),
+            stall_to_cut_ms=_ms(t_stall, r.t_cut_seen),
         )
         rows.append(row)
     frame = pd.DataFrame(
         rows, columns=[c for c in REQUEST_COLUMNS if c != "server_send_q_peak_bytes"]
     )
+    for col in ("t_action", "t_stall", "t_cut_seen", "stall_to_cut_ms"):
+        frame[col] = frame[col].astype(float)
     if len(sockets) and len(frame):
         peaks = (
             sockets.groupby(["client_addr", "client_port"])["send_q_bytes"]

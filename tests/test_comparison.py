@@ -152,6 +152,14 @@ def test_without_baseline_or_healthy_group_not_evaluated() -> None:
     assert "no healthy reader group" in c.distortion[0]["line"]
 
 
+def test_a_client_that_reads_chunks_together_cannot_be_judged() -> None:
+    # Every chunk of the baseline arrived in the same read as the one before: gap p50 = 0 ms.
+    summaries = {"none": _summary(_fast(0.02, 0.0)), "b": _summary(_fast(0.2, 0.001))}
+    c = compare(summaries, kinds={"none": "none", "b": "nginx"}, healthy_groups=["fast"])
+    assert c.distortion[0]["status"] == "not_evaluated"
+    assert "inter-chunk p50 is 0 ms in none" in c.distortion[0]["line"]
+
+
 def _metrics(rows: list[tuple[float, int, int, int, int, int]]) -> pd.DataFrame:
     """(t, running, waiting, success_length, success_abort, generation_tokens_total)"""
     cols = ["t", "num_requests_running", "num_requests_waiting", "request_success_length",
@@ -247,7 +255,10 @@ def test_proxy_summary_from_probe_rows() -> None:
          "upstream_recv_q_bytes": 9, "cuts": 3.0, "upstream_aborts": 4.0,
          "stream_peak_sum": 7000.0, "stream_peak_count": 3.0},
     ]  # fmt: skip
+    rows[0]["cuts_overflow"], rows[1]["cuts_overflow"] = 0.0, 2.0
+    rows[0]["cuts_stall_timeout"], rows[1]["cuts_stall_timeout"] = 1.0, 1.0
     s = proxy_summary("egress", "egress", rows)
+    assert s.cut_reasons == {"overflow": 2.0}  # reasons that did not rise are left out
     assert (s.rss_peak_bytes, s.buffered_peak_bytes, s.client_send_q_peak_bytes) == (30, 5000, 700)
     assert s.cuts == 2 and s.upstream_aborts == 3
     assert s.stream_buffered_peak_mean_bytes == 3000  # (7000 - 1000) / (3 - 1)
@@ -301,3 +312,17 @@ def test_scenario_proxies_errors(extra: str, message: str) -> None:
     with pytest.raises(ScenarioError) as err:
         parse_scenario(_SCENARIO + extra, path=Path("x.toml"))
     assert message in str(err.value), str(err.value)
+
+
+def test_parse_egress_metrics_sums_and_splits_cuts() -> None:
+    from harness._proxy_probe import parse_egress_metrics
+
+    text = """# TYPE zerowindow_egress_cuts counter
+zerowindow_egress_cuts_total{reason="stall_timeout"} 2.0
+zerowindow_egress_cuts_total{reason="overflow"} 1.0
+# TYPE zerowindow_egress_buffered_bytes gauge
+zerowindow_egress_buffered_bytes 4096.0
+"""
+    m = parse_egress_metrics(text)
+    assert m["cuts"] == 3 and m["cuts_stall_timeout"] == 2 and m["cuts_overflow"] == 1
+    assert m["buffered_bytes"] == 4096
