@@ -16,7 +16,9 @@ readers' first token comes later and the gaps between the chunks they receive ge
 configuration is flagged ``buffering`` when, for some healthy group (full-speed readers
 without a client action), against the ``none`` configuration, TTFT p50 rose by at least
 ``ttft_rise_ratio`` (and ``min_ttft_rise_ms``) while inter-chunk p50 fell to at most
-``inter_chunk_fall_ratio`` of the baseline. Without a ``none`` configuration or a healthy
+``inter_chunk_fall_ratio`` of the baseline. When the baseline's inter-chunk p50 is 0 ms (the
+client reads several chunks at once, as a loaded client of vLLM does), the inter-chunk mean
+stands in for it. Without a ``none`` configuration or a healthy
 group the verdict is ``not_evaluated``.
 """
 
@@ -39,7 +41,7 @@ from harness._summary import RunSummary, to_builtin
 GROUP_COLUMNS = [
     "configuration", "group", "requests", "outcomes",
     "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms",
-    "inter_chunk_p50_ms", "inter_chunk_p99_ms",
+    "inter_chunk_p50_ms", "inter_chunk_p99_ms", "inter_chunk_mean_ms",
     "stalled", "cut_seen", "cut_rst", "stall_to_cut_p50_ms", "stall_to_cut_max_ms",
     "engine_aborted", "stall_to_abort_p50_ms", "stall_to_abort_max_ms",
 ]  # fmt: skip
@@ -130,6 +132,13 @@ def config_rows(summaries: dict[str, RunSummary]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=CONFIG_COLUMNS)
 
 
+def _positive(value: Any) -> float | None:
+    """``value`` as a float if it is a number >= 0, else ``None``."""
+    if value is None or pd.isna(value) or value < 0:
+        return None
+    return float(value)
+
+
 def _cuts(proxy: ProxySummary) -> str | None:
     """``"3 (overflow 3)"``: the egress buffer's cuts and their reasons."""
     if proxy.cuts is None:
@@ -171,31 +180,28 @@ def buffering_distortion(
             if base.empty or this.empty:
                 continue
             b, t = base.iloc[0], this.iloc[0]
-            values = [b["ttft_p50_ms"], t["ttft_p50_ms"], b["inter_chunk_p50_ms"],
-                      t["inter_chunk_p50_ms"]]  # fmt: skip
-            if any(v is None or pd.isna(v) for v in values):
-                skipped.append(f"{group}: no TTFT or inter-chunk latency")
-                continue
-            if b["inter_chunk_p50_ms"] <= 0 or b["ttft_p50_ms"] <= 0:
-                skipped.append(
-                    f"{group}: inter-chunk p50 is 0 ms in {baseline} (the client reads several "
-                    "chunks at once: it lags or the link batches them)"
-                )
+            # p50; the mean when the baseline's p50 is 0 ms (the client reads several chunks
+            # at once, so most gaps are 0 even without a proxy).
+            stat = "inter_chunk_p50_ms"
+            if _positive(b[stat]) is not None and b[stat] == 0:
+                stat = "inter_chunk_mean_ms"
+            values = [b["ttft_p50_ms"], t["ttft_p50_ms"], b[stat], t[stat]]
+            if any(_positive(v) is None for v in values) or min(values[0], values[2]) <= 0:
+                skipped.append(f"{group}: no TTFT or inter-chunk latency to compare in {baseline}")
                 continue
             ttft_ratio = t["ttft_p50_ms"] / b["ttft_p50_ms"]
-            gap_ratio = t["inter_chunk_p50_ms"] / b["inter_chunk_p50_ms"]
+            gap_ratio = t[stat] / b[stat]
             buffering = (
                 ttft_ratio >= th.ttft_rise_ratio
                 and t["ttft_p50_ms"] - b["ttft_p50_ms"] >= th.min_ttft_rise_ms
                 and gap_ratio <= th.inter_chunk_fall_ratio
             )
+            label = "p50" if stat == "inter_chunk_p50_ms" else "mean"
             item = {
                 "group": group,
                 "ttft_p50_ms": [float(b["ttft_p50_ms"]), float(t["ttft_p50_ms"])],
-                "inter_chunk_p50_ms": [
-                    float(b["inter_chunk_p50_ms"]),
-                    float(t["inter_chunk_p50_ms"]),
-                ],  # fmt: skip
+                "inter_chunk_statistic": label,
+                "inter_chunk_ms": [float(b[stat]), float(t[stat])],
                 "ttft_ratio": float(ttft_ratio),
                 "inter_chunk_ratio": float(gap_ratio),
                 "buffering": bool(buffering),
@@ -212,8 +218,9 @@ def buffering_distortion(
         shown = flagged[0] if flagged else evidence[0]
         numbers = (
             f"{shown['group']}: TTFT p50 {shown['ttft_p50_ms'][0]:.1f} -> "
-            f"{shown['ttft_p50_ms'][1]:.1f} ms (x{shown['ttft_ratio']:.2f}), inter-chunk p50 "
-            f"{shown['inter_chunk_p50_ms'][0]:.2f} -> {shown['inter_chunk_p50_ms'][1]:.2f} ms "
+            f"{shown['ttft_p50_ms'][1]:.1f} ms (x{shown['ttft_ratio']:.2f}), inter-chunk "
+            f"{shown['inter_chunk_statistic']} {shown['inter_chunk_ms'][0]:.2f} -> "
+            f"{shown['inter_chunk_ms'][1]:.2f} ms "
             f"(x{shown['inter_chunk_ratio']:.2f}) against {baseline}"
         )
         status = "buffering" if flagged else "streaming"
@@ -260,6 +267,7 @@ _GROUP_HEADERS = {
     "configuration": "config", "group": "group", "requests": "n", "outcomes": "outcomes",
     "ttft_p50_ms": "TTFT p50", "ttft_p99_ms": "TTFT p99", "itl_p50_ms": "ITL p50",
     "itl_p99_ms": "ITL p99", "inter_chunk_p50_ms": "gap p50", "inter_chunk_p99_ms": "gap p99",
+    "inter_chunk_mean_ms": "gap mean",
     "stalled": "stalled", "cut_seen": "cut seen", "cut_rst": "RST",
     "stall_to_cut_p50_ms": "stall->cut p50", "stall_to_cut_max_ms": "stall->cut max",
     "engine_aborted": "aborted", "stall_to_abort_p50_ms": "stall->abort p50",

@@ -46,6 +46,7 @@ class GroupSummary(BaseModel):
     output_tokens: int
     output_tokens_per_s: float | None
     server_send_q_peak_bytes: int | None
+    inter_chunk_mean_ms: float | None = None
     stalled: int = 0
     cut_seen: int = 0
     cut_rst: int = 0
@@ -142,6 +143,7 @@ def summarize_group(name: str, requests: pd.DataFrame, chunks: pd.DataFrame) -> 
         output_tokens=tokens,
         output_tokens_per_s=tokens / span if span else None,
         server_send_q_peak_bytes=None if (q := _maybe(peak_q)) is None else int(q),
+        inter_chunk_mean_ms=float(np.mean(gaps)) * 1000.0 if gaps else None,
         stalled=len(stalled),
         cut_seen=len(cut),
         cut_rst=int((cut["cut_kind"] == "rst").sum()) if len(cut) else 0,

@@ -119,7 +119,8 @@ def test_buffering_proxy_is_flagged_with_numbers() -> None:
     assert b["status"] == "buffering", b
     ev = b["evidence"][0]
     assert ev["ttft_p50_ms"] == pytest.approx([20.0, 200.0])
-    assert ev["inter_chunk_p50_ms"] == pytest.approx([10.0, 1.0])
+    assert ev["inter_chunk_statistic"] == "p50"
+    assert ev["inter_chunk_ms"] == pytest.approx([10.0, 1.0])
     assert ev["ttft_ratio"] == pytest.approx(10.0) and ev["inter_chunk_ratio"] == pytest.approx(0.1)
     assert "BUFFERS" in b["line"] and "20.0 -> 200.0" in b["line"]
     assert verdicts["slow-hop"]["status"] == "streaming"
@@ -152,12 +153,38 @@ def test_without_baseline_or_healthy_group_not_evaluated() -> None:
     assert "no healthy reader group" in c.distortion[0]["line"]
 
 
-def test_a_client_that_reads_chunks_together_cannot_be_judged() -> None:
-    # Every chunk of the baseline arrived in the same read as the one before: gap p50 = 0 ms.
+def _coalesced(ttft_s: float, burst: int, gap_s: float) -> list[RequestRecord]:
+    """Fast streams whose chunks arrive ``burst`` per read, reads ``gap_s`` apart."""
+    records = _fast(ttft_s, 0.0)
+    for r in records:
+        for i, c in enumerate(r.chunks):
+            c.t = r.t_send + ttft_s + (i // burst) * gap_s
+        r.t_last_byte = r.chunks[-1].t
+    return records
+
+
+def test_a_client_that_reads_chunks_together_is_judged_on_the_mean_gap() -> None:
+    # Without a proxy the client already reads 4 chunks per read (gap p50 = 0 ms).
+    summaries = {
+        "none": _summary(_coalesced(0.02, burst=4, gap_s=0.04)),
+        "buffered": _summary(_coalesced(0.3, burst=32, gap_s=0.04)),
+        "streaming": _summary(_coalesced(0.025, burst=4, gap_s=0.04)),
+    }
+    kinds = {"none": "none", "buffered": "nginx", "streaming": "egress"}
+    c = compare(summaries, kinds=kinds, healthy_groups=["fast"])
+    assert summaries["none"].groups[0].inter_chunk_p50_ms == 0
+    verdicts = {d["configuration"]: d for d in c.distortion}
+    assert verdicts["buffered"]["status"] == "buffering", verdicts["buffered"]
+    assert verdicts["buffered"]["evidence"][0]["inter_chunk_statistic"] == "mean"
+    assert "inter-chunk mean" in verdicts["buffered"]["line"]
+    assert verdicts["streaming"]["status"] == "streaming", verdicts["streaming"]
+
+
+def test_a_baseline_without_gaps_cannot_be_judged() -> None:
     summaries = {"none": _summary(_fast(0.02, 0.0)), "b": _summary(_fast(0.2, 0.001))}
     c = compare(summaries, kinds={"none": "none", "b": "nginx"}, healthy_groups=["fast"])
     assert c.distortion[0]["status"] == "not_evaluated"
-    assert "inter-chunk p50 is 0 ms in none" in c.distortion[0]["line"]
+    assert "no TTFT or inter-chunk latency to compare in none" in c.distortion[0]["line"]
 
 
 def _metrics(rows: list[tuple[float, int, int, int, int, int]]) -> pd.DataFrame:
