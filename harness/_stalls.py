@@ -8,14 +8,15 @@ are counted by conservation instead, the same way for every engine: at each scra
 
     aborted(t) = sent(t) - finished(t) - (running(t) + waiting(t))
 
-where ``sent`` counts the requests the clients had sent (from the records) before the next
-scrape began (a scrape's figures may be up to its response time younger than its stamp),
-``finished`` is the rise of ``request_success_total`` over every reason but ``abort``, and
-``running``/``waiting`` are the engine's gauges. A request the server has received but not yet
-queued (or one sent between two scrapes) makes ``aborted`` blip up for a scrape; taking, at
-each scrape, the minimum over all later scrapes removes such blips. Each rise of the cleaned
-series is an abort, dated at the scrape that first showed it (the true moment lies up to one
-scrape interval earlier).
+where ``sent`` counts the requests the clients had sent (from the records), ``finished`` is
+the rise of ``request_success_total`` over every reason but ``abort``, and
+``running``/``waiting`` are the engine's gauges. A scrape is stamped when it is sent and its
+figures may be a little younger, so ``sent`` is counted twice: up to the scrape's stamp (errs
+low: the answer may count requests sent after the stamp) and up to the next scrape (errs high:
+requests sent but not yet queued). Aborts never decrease, so the count at each scrape is the
+smallest high count of it and all later scrapes, at most that scrape's low count, and at least
+the count of any earlier scrape. Each rise is an abort, dated at the scrape that first showed
+it (the true moment lies up to one scrape interval earlier).
 Aborts are then matched to the streams that did not complete, in order: the stream that gave
 up first (its client stalled, or it ended) is taken to be aborted first, never before it gave
 up. ``t_engine_abort`` and ``stall_to_abort_ms`` (from the stream's first stall) are that
@@ -57,19 +58,22 @@ def abort_times(metrics: pd.DataFrame, t_send: pd.Series) -> list[float]:
     finished = m[reasons].ffill().fillna(0.0).sum(axis=1) if reasons else pd.Series(0.0, m.index)
     finished = finished - finished.iloc[0]
     sends = np.sort(t_send.dropna().to_numpy(dtype=float))
-    # A scrape is stamped when it is sent; the figures it returns may be up to its response
-    # time later, so count what was sent before the next scrape began.
-    t_next = np.append(m["t"].to_numpy(dtype=float)[1:], np.inf)
-    sent = np.searchsorted(sends, t_next, side="right")
+    t = m["t"].to_numpy(dtype=float)
     queued = (m["num_requests_running"] + m["num_requests_waiting"]).to_numpy(dtype=float)
+    done = finished.to_numpy(dtype=float)
     # Requests of someone else in the engine at the first scrape.
-    baseline = queued[0] - np.searchsorted(sends, m["t"].iloc[0], side="right")
-    aborted = sent - finished.to_numpy(dtype=float) - (queued - baseline)
-    cleaned = np.minimum.accumulate(aborted[::-1])[::-1]  # minimum over later scrapes
-    cleaned = np.maximum(np.round(cleaned), 0.0)
-    rises = np.diff(np.concatenate(([0.0], np.maximum.accumulate(cleaned))))
-    times = m["t"].to_numpy(dtype=float)
-    return [float(t) for t, n in zip(times, rises, strict=True) for _ in range(int(n))]
+    baseline = queued[0] - np.searchsorted(sends, t[0], side="right")
+    # Counting requests sent by the scrape's stamp can only err low (a late answer counts
+    # requests sent after it); counting those sent before the next scrape only high.
+    low = np.searchsorted(sends, t, side="right") - done - (queued - baseline)
+    high = (
+        np.searchsorted(sends, np.append(t[1:], np.inf), side="right") - done - (queued - baseline)
+    )
+    upper = np.minimum.accumulate(high[::-1])[::-1]  # aborts never decrease: min over later
+    aborted = np.maximum.accumulate(np.minimum(upper, low))
+    aborted = np.maximum(np.round(aborted), 0.0)
+    rises = np.diff(np.concatenate(([0.0], aborted)))
+    return [float(when) for when, n in zip(t, rises, strict=True) for _ in range(int(n))]
 
 
 def attribute_aborts(requests: pd.DataFrame, aborts: list[float]) -> pd.DataFrame:

@@ -353,3 +353,21 @@ zerowindow_egress_buffered_bytes 4096.0
     m = parse_egress_metrics(text)
     assert m["cuts"] == 3 and m["cuts_stall_timeout"] == 2 and m["cuts_overflow"] == 1
     assert m["buffered_bytes"] == 4096
+
+
+def test_an_abort_is_never_dated_before_a_scrape_gap() -> None:
+    # The harness was starved: no scrape between -0.5 s and 5 s, while the stalled stream was
+    # sent (0 s) and aborted; a late-answering scrape at 6 s counts a request sent at 6.05 s.
+    records = [
+        _record("s", "stalled", t_send=0.0, ttft_s=0.02, gap_s=0.01, tokens=500,
+                stall_after=8, cut_after_s=2.0),
+        _record("f", "fast", t_send=6.05, ttft_s=0.02, gap_s=0.01, tokens=20),
+    ]  # fmt: skip
+    metrics = _metrics([
+        (-0.5, 0, 0, 0, 0, 0),
+        (5.0, 0, 0, 0, 0, 300),
+        (6.0, 1, 0, 0, 0, 301),  # answered after 6.05: the fast request already runs
+        (7.0, 0, 0, 1, 0, 320),
+    ])  # fmt: skip
+    requests = requests_frame(records, pd.DataFrame())
+    assert abort_times(metrics, requests["t_send"]) == [5.0]
