@@ -30,6 +30,7 @@ from pydantic import ValidationError
 from harness._collectors import MetricsScraper, SocketSampler
 from harness._loadrun import LoadProcess, records_path, saturation_path, start_load
 from harness._proxies import make_proxy
+from harness._report import report_or_warning
 from harness._runinfo import host_facts, versions
 from harness._saturation import saturation_summary
 from harness._scenario import Scenario, ScenarioError, UrlTargetConfig
@@ -319,4 +320,7 @@ def run_scenario(
     run_dir = new_run_dir(out_root, scenario.name)
     if scenario_path is not None:
         shutil.copyfile(scenario_path, run_dir / "scenario.toml")
-    return _Run(scenario, scenario_path, run_dir, make_target(scenario.target)).execute()
+    result = _Run(scenario, scenario_path, run_dir, make_target(scenario.target)).execute()
+    if warning := report_or_warning(run_dir):  # after summary.json; never changes the result
+        print(warning, file=sys.stderr)
+    return result

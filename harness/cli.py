@@ -47,7 +47,30 @@ def run(
         typer.echo(f"cannot create the run folder under {out}: {exc.strerror}", err=True)
         raise typer.Exit(EXIT_SETUP) from None
     print_summary(result.summary, run_dir=str(result.run_dir))
+    if (report_path := result.run_dir / "report.html").exists():
+        typer.echo(f"report: {report_path}")
     raise typer.Exit(result.exit_code)
+
+
+@app.command()
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="run folder (results/<scenario>/<stamp>)")],
+    out: Annotated[
+        Path | None, typer.Option(help="where to write (default RUN_DIR/report.html)")
+    ] = None,
+) -> None:
+    """Write RUN_DIR/report.html: one self-contained page with timelines, CDFs and verdicts."""
+    from harness._report import ReportError, write_report
+
+    try:
+        path = write_report(run_dir, out)
+    except ReportError as exc:
+        typer.echo(f"cannot write the report\n{exc}", err=True)
+        raise typer.Exit(EXIT_SETUP) from None
+    except OSError as exc:
+        typer.echo(f"cannot write the report to {exc.filename}: {exc.strerror}", err=True)
+        raise typer.Exit(EXIT_SETUP) from None
+    typer.echo(f"report written to {path}")
 
 
 @model_app.command("tiny")

@@ -1,0 +1,153 @@
+"""report.html from real engine-emulator runs, opened in headless Chromium: the plots drew,
+the page logged no error and asked the network for nothing."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harness._report import (
+    REPORT_NAME,
+    ReportError,
+    render_report,
+    report_or_warning,
+    write_report,
+)
+from harness._report._data import events, load_run
+from harness._run import RunResult
+from tests._sim_runs import sim_runs
+from tests.conftest import REPO, ZEROWINDOW
+
+# Per plot: its size, and per subplot the drawn line paths and markers.
+PLOT_CHECK = """(() => {
+  const out = {};
+  for (const div of document.querySelectorAll('.plotly-graph-div')) {
+    const subplots = {};
+    for (const sp of div.querySelectorAll('g.cartesianlayer > g.subplot')) {
+      const name = [...sp.classList].find(c => c !== 'subplot');
+      const lines = [...sp.querySelectorAll('g.scatterlayer path.js-line')]
+        .filter(p => (p.getAttribute('d') || '').length > 10).length;
+      subplots[name] = {lines, points: sp.querySelectorAll('g.scatterlayer path.point').length};
+    }
+    const r = div.getBoundingClientRect();
+    out[div.id] = {width: r.width, height: r.height, subplots,
+                   titles: [...div.querySelectorAll('.annotation-text')].map(a => a.textContent)};
+  }
+  return out;
+})()"""
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunResult]:
+    return sim_runs(tmp_path_factory)
+
+
+def test_run_writes_the_report(runs):
+    for name, result in runs.items():
+        assert result.exit_code == 0, (name, result.summary.failure)
+        html = (result.run_dir / REPORT_NAME).read_text()
+        assert len(html) > 1_000_000  # plotly.js inlined
+        assert "kv held by undelivered streams" in html
+        assert result.summary.verdicts["kv_held_by_undelivered_streams"]["line"] in html
+
+
+def test_report_data_has_the_markers(runs):
+    data = load_run(runs["on_delivery"].run_dir)
+    kinds = {e.kind for e in events(data)}
+    # 4 slow readers stop reading (stall onsets) and abort; both groups start (phases).
+    assert kinds >= {"phase", "stall", "abort"}, kinds
+    assert sum(e.kind == "stall" for e in events(data)) == 4
+    assert all(0 <= e.s <= data.summary["duration_s"] + 1 for e in events(data))
+
+
+needs_chromium = pytest.mark.skipif(
+    shutil.which("chromium") is None, reason="chromium is not installed (apt-get install chromium)"
+)
+
+
+@needs_chromium
+def test_report_opens_in_chromium_with_plots_drawn(runs, tmp_path):
+    from tests._chromium import open_page
+
+    report = runs["on_delivery"].run_dir / REPORT_NAME
+    page = open_page(report.resolve().as_uri(), PLOT_CHECK)
+    (tmp_path / "report.png").write_bytes(page.screenshot)
+    shutil.copyfile(tmp_path / "report.png", Path("/tmp") / "zw-report-test.png")
+    assert page.console_errors == []
+    assert page.external_requests == []
+    plots = page.value
+    assert set(plots) == {"timeline", "ttft-cdf", "itl-cdf"}, plots
+    for name, plot in plots.items():
+        assert plot["width"] > 300 and plot["height"] > 200, (name, plot)
+    timeline = plots["timeline"]
+    # events, KV, requests, preemptions/s, tokens/s, Send-Q: every row drew something.
+    assert len(timeline["subplots"]) == 6, timeline
+    assert "Send-Q (bytes), slowest connections" in timeline["titles"]
+    events_row = timeline["subplots"]["xy"]
+    assert events_row["points"] >= 4 + 4 + 2, events_row  # stalls, aborts, group starts
+    for name, sp in timeline["subplots"].items():
+        if name != "xy":
+            assert sp["lines"] >= 1, (name, sp)
+    # One CDF line per user class.
+    assert plots["ttft-cdf"]["subplots"]["xy"]["lines"] == 2
+    assert plots["itl-cdf"]["subplots"]["xy"]["lines"] == 2
+    assert len(page.screenshot) > 50_000
+
+
+def test_report_without_socket_samples_or_run_json(runs, tmp_path):
+    """A run folder with no socket samples and no run.json still renders (no Send-Q row)."""
+    src = runs["on_finish"].run_dir
+    for name in ("summary.json", "requests.parquet", "chunks.parquet", "server_metrics.parquet"):
+        shutil.copyfile(src / name, tmp_path / name)
+    empty = pd.read_parquet(src / "sockets.parquet").iloc[0:0]
+    empty.to_parquet(tmp_path / "sockets.parquet")
+    html = render_report(tmp_path)
+    assert "Send-Q (bytes), slowest connections" not in html
+    assert "KV cache usage" in html
+
+
+def test_rwnd_limited_column_gets_its_own_row(runs, tmp_path):
+    src = runs["on_delivery"].run_dir
+    for path in src.iterdir():
+        if path.is_file():
+            shutil.copyfile(path, tmp_path / path.name)
+    sockets = pd.read_parquet(src / "sockets.parquet")
+    sockets["rwnd_limited_ms"] = (sockets["send_q_bytes"] > 0).astype(float) * 100.0
+    sockets.to_parquet(tmp_path / "sockets.parquet")
+    assert "rwnd_limited_ms, slowest connections" in render_report(tmp_path)
+
+
+def test_unreadable_run_folder_is_a_clear_error(tmp_path):
+    with pytest.raises(ReportError, match="summary.json: missing"):
+        write_report(tmp_path)
+    (tmp_path / "summary.json").write_text("{not json")
+    with pytest.raises(ReportError, match="summary.json: cannot read"):
+        write_report(tmp_path)
+
+
+def test_report_cli(runs, tmp_path):
+    out = tmp_path / "r.html"
+    run_dir = runs["on_finish"].run_dir
+    done = subprocess.run(
+        [*ZEROWINDOW, "report", str(run_dir), "--out", str(out)],
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert str(out) in done.stdout and out.stat().st_size > 1_000_000
+    bad = subprocess.run(
+        [*ZEROWINDOW, "report", str(tmp_path / "nowhere")],
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "not a folder" in bad.stderr, bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
+def test_report_failure_is_a_warning_not_an_error(tmp_path):
+    (tmp_path / "summary.json").write_text("[]")
+    warning = report_or_warning(tmp_path)
+    assert warning is not None and "report.html not written" in warning
+    assert "expected a JSON object" in warning
