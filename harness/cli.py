@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -71,6 +72,48 @@ def report(
         typer.echo(f"cannot write the report to {exc.filename}: {exc.strerror}", err=True)
         raise typer.Exit(EXIT_SETUP) from None
     typer.echo(f"report written to {path}")
+
+
+@app.command()
+def compare(
+    run_dirs: Annotated[list[Path], typer.Argument(help="two or more run folders")],
+    format: Annotated[
+        str, typer.Option("--format", help="table (terminal), markdown, csv or json")
+    ] = "table",
+    html: Annotated[
+        Path | None, typer.Option(help="also write an HTML comparison with overlaid CDFs")
+    ] = None,
+    only: Annotated[
+        list[str] | None, typer.Option(help="figures matching this pattern, e.g. 'fast.ttft_*'")
+    ] = None,
+) -> None:
+    """Print the runs' figures side by side, with ratios against the first run."""
+    from rich.console import Console
+
+    from harness._compare import FORMATS, compare_runs, html_page, render, rich_table
+    from harness._report import ReportError
+
+    if len(run_dirs) < 2 or format not in FORMATS:
+        typer.echo(
+            "compare needs two or more run folders and --format " + "|".join(FORMATS), err=True
+        )
+        raise typer.Exit(EXIT_SETUP)
+    try:
+        comparison = compare_runs(run_dirs, only or ())
+        if html is not None:
+            html.write_text(html_page(comparison), encoding="utf-8")
+    except (ReportError, ValueError) as exc:
+        typer.echo(f"cannot compare\n{exc}", err=True)
+        raise typer.Exit(EXIT_SETUP) from None
+    except OSError as exc:
+        typer.echo(f"cannot write {exc.filename}: {exc.strerror}", err=True)
+        raise typer.Exit(EXIT_SETUP) from None
+    if format == "table":
+        Console(width=None if sys.stdout.isatty() else 200).print(rich_table(comparison))
+    else:
+        typer.echo(render(comparison, format), nl=False)
+    if html is not None:
+        typer.echo(f"HTML comparison written to {html}", err=format != "table")
 
 
 @model_app.command("tiny")

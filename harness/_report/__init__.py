@@ -15,10 +15,20 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
-from harness._report._data import ReportError, RunData, load_run, load_sockets, slowest_connections
+from harness._report._data import (
+    ReportError,
+    RunData,
+    load_run,
+    load_sockets,
+    run_start,
+    slowest_connections,
+)
 from harness._report._plots import class_cdfs, fragment, plotly_js, timeline
 
-__all__ = ["REPORT_NAME", "ReportError", "render_report", "report_or_warning", "write_report"]
+__all__ = [
+    "REPORT_NAME", "ReportError", "fmt_number", "render_report", "report_or_warning",
+    "write_report",
+]  # fmt: skip
 
 REPORT_NAME = "report.html"
 _STATUS_CSS = {"held": "bad", "none": "good", "not_observed": "warn"}
@@ -26,7 +36,7 @@ _STATUS_CSS = {"held": "bad", "none": "good", "not_observed": "warn"}
 
 def fmt_number(value: Any) -> str:
     """A table cell: ``-`` for ``None``, thousands separators, 1-3 decimals by magnitude."""
-    if value is None:
+    if value is None or isinstance(value, jinja2.Undefined):
         return "-"
     if isinstance(value, bool) or not isinstance(value, int | float):
         return str(value)
@@ -42,8 +52,7 @@ def fmt_number(value: Any) -> str:
 def _env() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(Path(__file__).parent)),
-        autoescape=True,
-        undefined=jinja2.StrictUndefined,
+        autoescape=True,  # fields missing from an older summary.json render as "-"
     )
     env.filters["num"] = fmt_number
     return env
@@ -100,6 +109,7 @@ def _context(data: RunData) -> dict[str, Any]:
         "run_dir": str(data.run_dir),
         "verdicts": _verdicts(s),
         "saturation": s.get("client_saturation") or {},
+        "startup_s": None if (t := run_start(data)) is None else data.t0 - t,
         "n_slowest": len(slowest_connections(load_sockets(data))),
         "timeline": Markup(fragment(timeline(data), "timeline")),
         "ttft_cdf": Markup(fragment(ttft, "ttft-cdf")),

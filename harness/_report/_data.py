@@ -1,7 +1,7 @@
 """Reading a run folder for the report and the comparison, and the series they plot.
 
 Every ``t`` of a run folder is CLOCK_MONOTONIC seconds (``results/README.md``); the report
-plots seconds since the run started (``run.json`` ``clock.monotonic_at_start_s``).
+plots seconds since the first measurement (the first scrape, socket sample or request).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class ReportError(Exception):
 class RunData:
     """One run folder, read. Frames have the columns listed in ``results/README.md``; a
     table that is missing from the folder is an empty frame. ``t0`` (monotonic s) is the
-    origin of the report's time axis."""
+    origin of the report's time axis: the first scrape, socket sample or request."""
 
     run_dir: Path
     info: dict[str, Any]
@@ -103,14 +103,21 @@ def load_run(run_dir: Path, *, with_records: bool = True) -> RunData:
 
 
 def _origin(data: RunData) -> float:
-    start = data.info.get("clock", {}).get("monotonic_at_start_s")
-    if isinstance(start, int | float):
-        return float(start)
-    firsts = [f["t"].min() for f in (data.metrics, data.sockets, data.chunks) if "t" in f]
+    """The first sample or request: the target's start-up (over a minute for vLLM) is left
+    out of the time axis; ``run_start_s`` tells how long it took."""
+    firsts = [f["t"].min() for f in (data.metrics, data.sockets) if "t" in f]
     if "t_send" in data.requests:
         firsts.append(data.requests["t_send"].min())
     firsts = [float(t) for t in firsts if pd.notna(t)]
-    return min(firsts) if firsts else 0.0
+    if firsts:
+        return min(firsts)
+    return run_start(data) or 0.0
+
+
+def run_start(data: RunData) -> float | None:
+    """When the run started (monotonic s, ``run.json`` ``clock.monotonic_at_start_s``)."""
+    start = data.info.get("clock", {}).get("monotonic_at_start_s")
+    return float(start) if isinstance(start, int | float) else None
 
 
 # -- series --------------------------------------------------------------------------------

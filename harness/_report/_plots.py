@@ -48,7 +48,7 @@ def fragment(fig: go.Figure, div_id: str) -> str:
 
 
 def timeline(data: RunData) -> go.Figure:
-    """Rows on one shared time axis (s since the run started): events, KV cache usage,
+    """Rows on one shared time axis (s since the first measurement): events, KV cache usage,
     running/waiting requests, preemptions/s, output tokens/s per user class and, when sockets
     were sampled, Send-Q of the slowest connections and their rwnd-limited time."""
     m = ok_metrics(data)
@@ -88,7 +88,7 @@ def timeline(data: RunData) -> go.Figure:
         if ev.kind == "phase":
             fig.add_vline(x=ev.s, line={"dash": "dot", "color": "#888", "width": 1})
     _legend_per_row(fig, len(rows))
-    fig.update_xaxes(title_text="seconds since the run started", row=len(rows), col=1)
+    fig.update_xaxes(title_text="seconds since the first measurement", row=len(rows), col=1)
     fig.update_xaxes(showspikes=True, spikemode="across", spikethickness=1)
     fig.update_layout(
         height=170 * len(rows) + 60, margin={"l": 60, "r": 190, "t": 40, "b": 50},
@@ -137,6 +137,7 @@ def cdf_figure(series: dict[str, np.ndarray], *, title: str, unit: str) -> go.Fi
     for name, values in series.items():
         x, p = cdf(values[values > 0])
         if x.size:
+            x, p = np.concatenate(([x[0]], x)), np.concatenate(([0.0], p))  # rise from 0
             fig.add_trace(
                 go.Scatter(
                     x=x, y=p, name=f"{name} (n={values.size})", mode="lines",
@@ -147,7 +148,8 @@ def cdf_figure(series: dict[str, np.ndarray], *, title: str, unit: str) -> go.Fi
     fig.update_layout(
         title=title, height=360, template="plotly_white",
         margin={"l": 60, "r": 20, "t": 50, "b": 50},
-        xaxis={"type": "log", "title": unit}, yaxis={"title": "fraction ≤ x", "range": [0, 1.02]},
+        xaxis={"type": "log", "title": unit, "dtick": "D2"},
+        yaxis={"title": "fraction ≤ x", "range": [0, 1.02]},
     )  # fmt: skip
     return fig
 
