@@ -3,10 +3,12 @@ the page logged no error and asked the network for nothing."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -17,7 +19,7 @@ from harness._report import (
     report_or_warning,
     write_report,
 )
-from harness._report._data import events, load_run
+from harness._report._data import events, itl_ms, load_run, ttft_ms
 from harness._run import RunResult
 from tests._sim_runs import sim_runs
 from tests.conftest import REPO, ZEROWINDOW
@@ -151,3 +153,31 @@ def test_report_failure_is_a_warning_not_an_error(tmp_path):
     warning = report_or_warning(tmp_path)
     assert warning is not None and "report.html not written" in warning
     assert "expected a JSON object" in warning
+
+
+def test_report_distributions_match_the_summary(runs):
+    """The CDFs plot the same values the summary's percentiles come from."""
+    result = runs["on_delivery"]
+    data = load_run(result.run_dir)
+    for g in result.summary.groups:
+        assert np.percentile(ttft_ms(data, g.group), 90) == pytest.approx(g.ttft_p90_ms)
+        assert np.percentile(itl_ms(data, g.group), 50) == pytest.approx(g.itl_p50_ms)
+        assert np.percentile(itl_ms(data, g.group), 99) == pytest.approx(g.itl_p99_ms)
+
+
+def test_unknown_verdicts_and_summary_keys_are_rendered_generically(runs, tmp_path):
+    """Verdicts and summary sections added later (nested numbers, lists) still show up."""
+    src = runs["on_finish"].run_dir
+    for path in src.iterdir():
+        if path.is_file():
+            shutil.copyfile(path, tmp_path / path.name)
+    summary = json.loads((src / "summary.json").read_text())
+    summary["verdicts"]["wasted_decode_after_stall"] = {
+        "status": "held", "line": "wasted decode: 123 tokens", "per_group": {"slow": 123.5},
+    }  # fmt: skip
+    summary["gates"] = [{"figure": "fast.ttft_p99_ms", "bound": 800, "passed": False}]
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    html = render_report(tmp_path)
+    assert "wasted decode after stall" in html and "wasted decode: 123 tokens" in html
+    assert "per_group.slow" in html and "123.5" in html
+    assert "<h3>gates</h3>" in html and "fast.ttft_p99_ms" in html

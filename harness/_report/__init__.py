@@ -58,16 +58,34 @@ def _env() -> jinja2.Environment:
     return env
 
 
+def flatten(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """Nested dicts as ``(dotted.key, value)`` pairs; lists of numbers or strings joined with
+    ", ", other lists as compact JSON."""
+    if isinstance(value, dict):
+        pairs: list[tuple[str, Any]] = []
+        for k, v in value.items():
+            pairs += flatten(v, f"{prefix}.{k}" if prefix else str(k))
+        return pairs
+    if isinstance(value, list):
+        if not value:
+            return [(prefix, "-")]
+        if all(isinstance(v, int | float | str) for v in value):
+            return [(prefix, ", ".join(fmt_number(v) for v in value))]
+        return [(prefix, json.dumps(value, default=str))]
+    return [(prefix, value)]
+
+
 def _verdicts(summary: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for name, verdict in (summary.get("verdicts") or {}).items():
         if not isinstance(verdict, dict):
             verdict = {"value": verdict}
         status = str(verdict.get("status", ""))
-        numbers = [(k, v) for k, v in verdict.items() if k not in ("line", "status")]
+        rest = {k: v for k, v in verdict.items() if k not in ("line", "status")}
         out.append({
             "title": name.replace("_", " "), "status": status or "-",
-            "css": _STATUS_CSS.get(status, ""), "line": verdict.get("line"), "numbers": numbers,
+            "css": _STATUS_CSS.get(status, ""), "line": verdict.get("line"),
+            "numbers": flatten(rest),
         })  # fmt: skip
     return out
 
@@ -79,17 +97,18 @@ def _scenario_text(data: RunData) -> str:
     return json.dumps(data.info.get("scenario", {}), indent=2)
 
 
+# summary.json keys that have their own section; any other key is listed generically.
+_KNOWN = {"scenario", "status", "failure", "duration_s", "groups", "server", "verdicts",
+          "client_saturation"}  # fmt: skip
+
+
 def _context(data: RunData) -> dict[str, Any]:
     s, info = data.summary, data.info
     groups = [g for g in s.get("groups", []) if isinstance(g, dict)]
     outcomes = sorted({o for g in groups for o in g.get("outcomes", {})})
     skip = {"group", "user_class", "requests", "outcomes"}
     group_fields = list(dict.fromkeys(k for g in groups for k in g if k not in skip))
-    server = [
-        (k, ", ".join(v) if isinstance(v, list) else
-         ", ".join(f"{a} {fmt_number(b)}" for a, b in v.items()) if isinstance(v, dict) else v)
-        for k, v in (s.get("server") or {}).items()
-    ]  # fmt: skip
+    server = flatten(s.get("server") or {})
     commands = []
     for name in ("target", "proxy"):
         argv = (info.get(name) or {}).get("argv")
@@ -118,6 +137,7 @@ def _context(data: RunData) -> dict[str, Any]:
         "outcomes": outcomes,
         "group_fields": group_fields,
         "server": server,
+        "other": [(k, flatten(v)) for k, v in s.items() if k not in _KNOWN],
         "versions": list((info.get("versions") or {}).items()),
         "host": list((info.get("host") or {}).items()),
         "commands": commands,

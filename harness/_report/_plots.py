@@ -79,6 +79,13 @@ def timeline(data: RunData) -> go.Figure:
     for name, series in tokens_per_s(data).items():
         trace = _line(series.index + width / 2, series.to_numpy(), f"{name} tokens/s")
         fig.add_trace(trace, 5, 1)
+    if slowest:
+        total = socks.groupby("s")["send_q_bytes"].sum()
+        fig.add_trace(
+            go.Scatter(x=total.index, y=total.to_numpy(), name="Send-Q all load connections",
+                       mode="lines", line={"width": 1, "dash": "dot", "color": "#555"}),
+            6, 1,
+        )  # fmt: skip
     for conn in slowest:
         c = socks[socks["conn"] == conn]
         fig.add_trace(_line(c["s"], c["send_q_bytes"], f"Send-Q {conn}"), 6, 1)
