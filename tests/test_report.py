@@ -181,3 +181,17 @@ def test_unknown_verdicts_and_summary_keys_are_rendered_generically(runs, tmp_pa
     assert "wasted decode after stall" in html and "wasted decode: 123 tokens" in html
     assert "per_group.slow" in html and "123.5" in html
     assert "<h3>gates</h3>" in html and "fast.ttft_p99_ms" in html
+
+
+def test_run_that_measured_nothing_still_renders(runs, tmp_path):
+    """A run whose target never came up: empty tables, a page that says so."""
+    src = runs["on_finish"].run_dir
+    shutil.copyfile(src / "run.json", tmp_path / "run.json")
+    summary = json.loads((src / "summary.json").read_text())
+    summary.update(status="failed", failure="target did not start", groups=[])
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    for name in ("requests", "chunks", "server_metrics", "sockets"):
+        pd.read_parquet(src / f"{name}.parquet").iloc[0:0].to_parquet(tmp_path / f"{name}.parquet")
+    html = render_report(tmp_path)
+    assert "nothing was measured" in html and "no request got a first token" in html
+    assert "target did not start" in html

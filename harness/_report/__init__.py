@@ -20,6 +20,7 @@ from harness._report._data import (
     RunData,
     load_run,
     load_sockets,
+    ok_metrics,
     run_start,
     slowest_connections,
 )
@@ -116,6 +117,8 @@ def _context(data: RunData) -> dict[str, Any]:
             commands.append((name, shlex.join(map(str, argv))))
     for load in info.get("load_processes", []):
         commands.append((f"load {load.get('group')}", shlex.join(map(str, load.get("argv", [])))))
+    measured = not (ok_metrics(data).empty and data.sockets.empty and data.requests.empty)
+    answered = "ttft_ms" in data.requests and data.requests["ttft_ms"].notna().any()
     ttft, itl = class_cdfs(data)
     scenario = info.get("scenario") or {}
     return {
@@ -130,9 +133,9 @@ def _context(data: RunData) -> dict[str, Any]:
         "saturation": s.get("client_saturation") or {},
         "startup_s": None if (t := run_start(data)) is None else data.t0 - t,
         "n_slowest": len(slowest_connections(load_sockets(data))),
-        "timeline": Markup(fragment(timeline(data), "timeline")),
-        "ttft_cdf": Markup(fragment(ttft, "ttft-cdf")),
-        "itl_cdf": Markup(fragment(itl, "itl-cdf")),
+        "timeline": Markup(fragment(timeline(data), "timeline")) if measured else None,
+        "ttft_cdf": Markup(fragment(ttft, "ttft-cdf")) if answered else None,
+        "itl_cdf": Markup(fragment(itl, "itl-cdf")) if answered else None,
         "groups": groups,
         "outcomes": outcomes,
         "group_fields": group_fields,
@@ -167,6 +170,8 @@ def report_or_warning(run_dir: Path) -> str | None:
     for any reason (the end of a run must not fail because of its report)."""
     try:
         write_report(run_dir)
+    except KeyboardInterrupt:  # Ctrl-C while rendering: the results are already written
+        return f"warning: {REPORT_NAME} not written: interrupted"
     except Exception as exc:  # noqa: BLE001 - the run's results are already written
         return f"warning: {REPORT_NAME} not written: {type(exc).__name__}: {exc}"
     return None
