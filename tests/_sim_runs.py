@@ -7,6 +7,7 @@ import pytest
 
 from harness._run import RunResult, run_scenario
 from harness._scenario import Scenario, load_scenario
+from loadgen._actions import AbortiveClose
 from tests.conftest import REPO
 
 _cache: dict[str, RunResult] = {}
@@ -32,3 +33,19 @@ def sim_runs(factory: pytest.TempPathFactory) -> dict[str, RunResult]:
         for release in ("on_delivery", "on_finish"):
             _cache[release] = run_scenario(_reduced(release), out_root=out)
     return _cache
+
+
+def rst_run(factory: pytest.TempPathFactory) -> RunResult:
+    """A short run on the engine emulator whose ``rst`` group closes with RST after 4 tokens
+    and whose ``fast`` group reads to the end (a few seconds)."""
+    if "rst" not in _cache:
+        base = _reduced("on_finish")
+        fast = base.groups[0].model_copy(
+            update={"users": 2, "requests_per_user": 1, "start_after_s": 0}
+        )
+        rst = fast.model_copy(
+            update={"name": "rst", "action": AbortiveClose(after_tokens=4), "start_after_s": 1}
+        )
+        scenario = base.model_copy(update={"name": "sim-rst", "groups": [fast, rst]})
+        _cache["rst"] = run_scenario(scenario, out_root=factory.mktemp("sim-rst-run"))
+    return _cache["rst"]

@@ -21,7 +21,7 @@ from harness._report import (
 )
 from harness._report._data import events, itl_ms, load_run, ttft_ms
 from harness._run import RunResult
-from tests._sim_runs import sim_runs
+from tests._sim_runs import rst_run, sim_runs
 from tests.conftest import REPO, ZEROWINDOW
 
 # Per plot: its size, and per subplot the drawn line paths and markers.
@@ -64,6 +64,19 @@ def test_report_data_has_the_markers(runs):
     assert kinds >= {"phase", "stall", "abort"}, kinds
     assert sum(e.kind == "stall" for e in events(data)) == 4
     assert all(0 <= e.s <= data.summary["duration_s"] + 1 for e in events(data))
+
+
+def test_rst_and_group_starts_are_marked(tmp_path_factory):
+    result = rst_run(tmp_path_factory)
+    assert result.exit_code == 0, result.summary.failure
+    data = load_run(result.run_dir)
+    evs = events(data)
+    rsts = [e for e in evs if e.kind == "cut"]
+    assert [e.text for e in rsts] == ["rst: client sent RST"] * 2, evs
+    starts = {e.text: e.s for e in evs if e.kind == "phase" and "starts" in e.text}
+    # start_after_s = 1, plus the load process's start-up (noisy on a busy 2-core machine)
+    assert 0.8 <= starts["group rst starts"] - starts["group fast starts"] <= 4, starts
+    assert "client sent RST" in (result.run_dir / REPORT_NAME).read_text()
 
 
 needs_chromium = pytest.mark.skipif(

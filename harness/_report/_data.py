@@ -220,11 +220,24 @@ class Event:
     text: str
 
 
+def rst_groups(data: RunData) -> set[str]:
+    """Groups whose clients end with RST (``abortive_close``, or ``stop_reading`` with
+    ``close = "rst"``), from the scenario in ``run.json``."""
+    out = set()
+    for g in (data.info.get("scenario") or {}).get("groups") or []:
+        action = g.get("action") or {}
+        if action.get("kind") == "abortive_close" or action.get("close") == "rst":
+            out.add(str(g.get("name")))
+    return out
+
+
 def events(data: RunData) -> list[Event]:
     """Phase changes (a user group's first request, generation end of the KV verdict),
-    stall onsets, client aborts and cuts, from ``requests`` and the raw records."""
+    stall onsets (raw records), client aborts, RSTs the clients sent, and cuts by the peer
+    (EOF or RST before ``[DONE]``)."""
     out: list[Event] = []
     req = data.requests
+    rst = rst_groups(data)
     if not req.empty:
         for group, first in req.groupby("group")["t_send"].min().sort_values().items():
             out.append(Event("phase", float(first) - data.t0, f"group {group} starts"))
@@ -232,16 +245,17 @@ def events(data: RunData) -> list[Event]:
             t_end = getattr(row, "t_end", None)
             if t_end is None or pd.isna(t_end):
                 continue
-            if row.outcome == "client_abort":
-                out.append(Event("abort", t_end - data.t0, f"{row.group}: client abort"))
+            s = float(t_end) - data.t0
+            if row.outcome == "client_abort" and row.group in rst:
+                out.append(Event("cut", s, f"{row.group}: client sent RST"))
+            elif row.outcome == "client_abort":
+                out.append(Event("abort", s, f"{row.group}: client abort"))
             elif row.outcome == "cut_by_peer":
-                out.append(Event("cut", t_end - data.t0, f"{row.group}: cut by peer (EOF/RST)"))
+                out.append(Event("cut", s, f"{row.group}: cut by peer (EOF/RST)"))
     for rec in data.records:
         for start, _ in rec.stalls:
             if start is not None:
                 out.append(Event("stall", start - data.t0, f"{rec.group}: stall ({rec.action})"))
-        if rec.action == "abortive_close" and rec.t_action is not None:
-            out.append(Event("cut", rec.t_action - data.t0, f"{rec.group}: client sent RST"))
     verdict = data.summary.get("verdicts", {}).get("kv_held_by_undelivered_streams", {})
     t_gen = verdict.get("t_generation_end") if isinstance(verdict, dict) else None
     if isinstance(t_gen, int | float):
