@@ -241,17 +241,16 @@ def events(data: RunData) -> list[Event]:
     if not req.empty:
         for group, first in req.groupby("group")["t_send"].min().sort_values().items():
             out.append(Event("phase", float(first) - data.t0, f"group {group} starts"))
-        for row in req.itertuples():
-            t_end = getattr(row, "t_end", None)
-            if t_end is None or pd.isna(t_end):
-                continue
+        ended = req.dropna(subset=["t_end"])
+        columns = (ended["group"], ended["outcome"], ended["t_end"])
+        for group, outcome, t_end in zip(*columns, strict=True):
             s = float(t_end) - data.t0
-            if row.outcome == "client_abort" and row.group in rst:
-                out.append(Event("cut", s, f"{row.group}: client sent RST"))
-            elif row.outcome == "client_abort":
-                out.append(Event("abort", s, f"{row.group}: client abort"))
-            elif row.outcome == "cut_by_peer":
-                out.append(Event("cut", s, f"{row.group}: cut by peer (EOF/RST)"))
+            if outcome == "client_abort" and group in rst:
+                out.append(Event("cut", s, f"{group}: client sent RST"))
+            elif outcome == "client_abort":
+                out.append(Event("abort", s, f"{group}: client abort"))
+            elif outcome == "cut_by_peer":
+                out.append(Event("cut", s, f"{group}: cut by peer (EOF/RST)"))
     for rec in data.records:
         for start, _ in rec.stalls:
             if start is not None:
