@@ -77,7 +77,7 @@ def report(
 @app.command()
 def compare(
     run_dirs: Annotated[list[Path], typer.Argument(help="two or more run folders")],
-    format: Annotated[
+    fmt: Annotated[
         str, typer.Option("--format", help="table (terminal), markdown, csv or json")
     ] = "table",
     html: Annotated[
@@ -93,7 +93,7 @@ def compare(
     from harness._compare import FORMATS, compare_runs, html_page, render, rich_table
     from harness._report import ReportError
 
-    if len(run_dirs) < 2 or format not in FORMATS:
+    if len(run_dirs) < 2 or fmt not in FORMATS:
         typer.echo(
             "compare needs two or more run folders and --format " + "|".join(FORMATS), err=True
         )
@@ -108,12 +108,12 @@ def compare(
     except OSError as exc:
         typer.echo(f"cannot write {exc.filename}: {exc.strerror}", err=True)
         raise typer.Exit(EXIT_SETUP) from None
-    if format == "table":
+    if fmt == "table":
         Console(width=None if sys.stdout.isatty() else 200).print(rich_table(comparison))
     else:
-        typer.echo(render(comparison, format), nl=False)
+        typer.echo(render(comparison, fmt), nl=False)
     if html is not None:
-        typer.echo(f"HTML comparison written to {html}", err=format != "table")
+        typer.echo(f"HTML comparison written to {html}", err=fmt != "table")
 
 
 @model_app.command("tiny")
