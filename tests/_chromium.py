@@ -25,6 +25,26 @@ from typing import Any
 import httpx
 import websocket
 
+# A page check for plotly pages: per plot div, its size, the subplot titles and, per subplot, the
+# line paths drawn (a "d" attribute longer than a bare move) and the markers.
+PLOT_CHECK = """(() => {
+  const out = {};
+  for (const div of document.querySelectorAll('.plotly-graph-div')) {
+    const subplots = {};
+    for (const sp of div.querySelectorAll('g.cartesianlayer > g.subplot')) {
+      const name = [...sp.classList].find(c => c !== 'subplot');
+      const lines = [...sp.querySelectorAll('g.scatterlayer path.js-line')]
+        .filter(p => (p.getAttribute('d') || '').length > 10).length;
+      subplots[name] = {lines, points: sp.querySelectorAll('g.scatterlayer path.point').length};
+    }
+    const r = div.getBoundingClientRect();
+    out[div.id] = {width: r.width, height: r.height, subplots,
+                   titles: [...div.querySelectorAll('.annotation-text')].map(a => a.textContent)};
+  }
+  return out;
+})()"""
+
+
 FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
     "--disable-component-update", "--disable-sync", "--no-first-run",

@@ -76,8 +76,7 @@ def test_html_overlays_the_cdfs_of_both_runs(dirs):
 
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium is not installed")
 def test_html_opens_in_chromium(dirs, tmp_path):
-    from tests._chromium import open_page
-    from tests.test_report import PLOT_CHECK
+    from tests._chromium import PLOT_CHECK, open_page
 
     path = tmp_path / "compare.html"
     path.write_text(html_page(compare_runs(dirs)))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -24,23 +23,9 @@ from harness._run import RunResult
 from tests._sim_runs import rst_run, sim_runs
 from tests.conftest import REPO, ZEROWINDOW
 
-# Per plot: its size, and per subplot the drawn line paths and markers.
-PLOT_CHECK = """(() => {
-  const out = {};
-  for (const div of document.querySelectorAll('.plotly-graph-div')) {
-    const subplots = {};
-    for (const sp of div.querySelectorAll('g.cartesianlayer > g.subplot')) {
-      const name = [...sp.classList].find(c => c !== 'subplot');
-      const lines = [...sp.querySelectorAll('g.scatterlayer path.js-line')]
-        .filter(p => (p.getAttribute('d') || '').length > 10).length;
-      subplots[name] = {lines, points: sp.querySelectorAll('g.scatterlayer path.point').length};
-    }
-    const r = div.getBoundingClientRect();
-    out[div.id] = {width: r.width, height: r.height, subplots,
-                   titles: [...div.querySelectorAll('.annotation-text')].map(a => a.textContent)};
-  }
-  return out;
-})()"""
+needs_chromium = pytest.mark.skipif(
+    shutil.which("chromium") is None, reason="chromium is not installed (apt-get install chromium)"
+)
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +40,23 @@ def test_run_writes_the_report(runs):
         assert len(html) > 1_000_000  # plotly.js inlined
         assert "kv held by undelivered streams" in html
         assert result.summary.verdicts["kv_held_by_undelivered_streams"]["line"] in html
+
+
+@needs_chromium
+def test_chromium_check_sees_errors_and_network_use(tmp_path):
+    """The page check can fail: a console error, an exception and a request are caught."""
+    from tests._chromium import open_page
+
+    page = tmp_path / "bad.html"
+    page.write_text(
+        "<html><body><script>console.error('boom'); fetch('http://127.0.0.1:9/x');"
+        "undefinedFunction();</script></body></html>"
+    )
+    result = open_page(page.as_uri(), "document.body.childElementCount", settle_s=0.5)
+    assert any("boom" in e for e in result.console_errors), result.console_errors
+    assert any("undefinedFunction" in e for e in result.console_errors), result.console_errors
+    assert result.external_requests == ["http://127.0.0.1:9/x"]
+    assert result.value == 1
 
 
 def test_report_data_has_the_markers(runs):
@@ -79,19 +81,13 @@ def test_rst_and_group_starts_are_marked(tmp_path_factory):
     assert "client sent RST" in (result.run_dir / REPORT_NAME).read_text()
 
 
-needs_chromium = pytest.mark.skipif(
-    shutil.which("chromium") is None, reason="chromium is not installed (apt-get install chromium)"
-)
-
-
 @needs_chromium
 def test_report_opens_in_chromium_with_plots_drawn(runs, tmp_path):
-    from tests._chromium import open_page
+    from tests._chromium import PLOT_CHECK, open_page
 
     report = runs["on_delivery"].run_dir / REPORT_NAME
     page = open_page(report.resolve().as_uri(), PLOT_CHECK)
-    (tmp_path / "report.png").write_bytes(page.screenshot)
-    shutil.copyfile(tmp_path / "report.png", Path("/tmp") / "zw-report-test.png")
+    (tmp_path / "report.png").write_bytes(page.screenshot)  # kept for a look
     assert page.console_errors == []
     assert page.external_requests == []
     plots = page.value
