@@ -39,6 +39,7 @@ def test_run_writes_the_report(runs):
         html = (result.run_dir / REPORT_NAME).read_text()
         assert len(html) > 1_000_000  # plotly.js inlined
         assert "kv held by undelivered streams" in html
+        assert "s group slow starts" in html and "s group fast starts" in html  # phase list
         assert result.summary.verdicts["kv_held_by_undelivered_streams"]["line"] in html
 
 

@@ -18,6 +18,7 @@ from markupsafe import Markup
 from harness._report._data import (
     ReportError,
     RunData,
+    events,
     load_run,
     load_sockets,
     ok_metrics,
@@ -132,6 +133,7 @@ def _context(data: RunData) -> dict[str, Any]:
         "verdicts": _verdicts(s),
         "saturation": s.get("client_saturation") or {},
         "startup_s": None if (t := run_start(data)) is None else data.t0 - t,
+        "phases": [e for e in events(data) if e.kind == "phase"],
         "n_slowest": len(slowest_connections(load_sockets(data))),
         "timeline": Markup(fragment(timeline(data), "timeline")) if measured else None,
         "ttft_cdf": Markup(fragment(ttft, "ttft-cdf")) if answered else None,
