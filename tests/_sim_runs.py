@@ -7,6 +7,7 @@ import pytest
 
 from harness._run import RunResult, run_scenario
 from harness._scenario import Scenario, load_scenario
+from loadgen import Paced
 from loadgen._actions import AbortiveClose
 from tests.conftest import REPO
 
@@ -36,15 +37,22 @@ def sim_runs(factory: pytest.TempPathFactory) -> dict[str, RunResult]:
 
 
 def rst_run(factory: pytest.TempPathFactory) -> RunResult:
-    """A short run on the engine emulator whose ``rst`` group closes with RST after 4 tokens
-    and whose ``fast`` group reads to the end (a few seconds)."""
+    """A short run on the engine emulator whose ``rst`` group (2 users) closes with RST after
+    4 tokens and whose ``fast`` group (2 users) reads to the end (a few seconds)."""
     if "rst" not in _cache:
         base = _reduced("on_finish")
         fast = base.groups[0].model_copy(
             update={"users": 2, "requests_per_user": 1, "start_after_s": 0}
         )
+        # Paced reads: a full-speed reader on a busy machine may get the whole stream and
+        # [DONE] in one read, and then the action never fires.
         rst = fast.model_copy(
-            update={"name": "rst", "action": AbortiveClose(after_tokens=4), "start_after_s": 1}
+            update={
+                "name": "rst",
+                "read": Paced(bytes_per_read=512, interval_s=0.05),
+                "action": AbortiveClose(after_tokens=4),
+                "start_after_s": 3,
+            }
         )
         scenario = base.model_copy(update={"name": "sim-rst", "groups": [fast, rst]})
         _cache["rst"] = run_scenario(scenario, out_root=factory.mktemp("sim-rst-run"))
