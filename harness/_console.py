@@ -69,10 +69,14 @@ def print_gates(gates: list[GateResult], *, exit_code: int, console: Console | N
         table.add_column(col)
     for g in gates:
         mark = "[green]pass[/green]" if g.passed else "[bold red]FAIL[/bold red]"
+        mark = "[yellow]skip[/yellow]" if g.skipped else mark
         table.add_row(mark, escape(g.gate), escape(g.reason))
     console.print(table)
     failed = sum(not g.passed for g in gates)
+    skipped = sum(g.skipped for g in gates)
     style = "bold red" if failed else "green"
+    note = f", {skipped} skipped" if skipped else ""
     console.print(
-        f"[{style}]{len(gates) - failed} of {len(gates)} gates passed[/{style}] (exit {exit_code})"
+        f"[{style}]{len(gates) - failed - skipped} of {len(gates)} gates passed{note}"
+        f"[/{style}] (exit {exit_code})"
     )

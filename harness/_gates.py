@@ -189,7 +189,8 @@ def needs_baseline(gates: Iterable[Gate]) -> bool:
 class GateResult:
     """One gate evaluated: ``measured`` is this run's figure, ``baseline`` the baseline's (for a
     relative gate), ``bound`` what it was compared with; ``None`` where there was no value.
-    ``reason`` is one line a person reads: the numbers, or why the gate could not pass."""
+    ``reason`` is one line a person reads: the numbers, or why the gate could not pass. A
+    ``skipped`` gate (relative, evaluated without a baseline on purpose) counts as passed."""
 
     gate: str
     figure: str
@@ -200,6 +201,7 @@ class GateResult:
     bound: float | None
     passed: bool
     reason: str
+    skipped: bool = False
 
 
 def _num(value: float | None) -> str:
@@ -212,11 +214,14 @@ def evaluate_gates(
     baseline: Mapping[str, float | None] | None = None,
     *,
     baseline_source: str = "the baseline",
+    skip_relative: bool = False,
 ) -> list[GateResult]:
     """Evaluate ``gates`` against this run's ``figures`` (from :func:`harness._figures.figures`)
     and, for relative gates, the ``baseline`` figures. Never raises for missing values: a gate
     without a measured value or without a baseline value fails with that reason.
-    ``baseline_source`` names the baseline in reasons (e.g. its path)."""
+    ``baseline_source`` names the baseline in reasons (e.g. its path). With ``skip_relative``
+    (and no ``baseline``) relative gates are reported as skipped instead of failed: for the
+    first run of a scenario, whose folder then becomes the baseline."""
     results = []
     for gate in gates:
         measured = figures.get(gate.figure)
@@ -224,7 +229,11 @@ def evaluate_gates(
         if gate.relative and baseline is not None:
             base = baseline.get(gate.figure)
         bound = gate.bound(base)
-        if gate.relative and baseline is None:
+        skipped = False
+        if gate.relative and baseline is None and skip_relative:
+            passed, skipped = True, True
+            reason = f"skipped: no baseline on purpose (measured {_num(measured)})"
+        elif gate.relative and baseline is None:
             passed, reason = False, "no baseline was loaded for this relative gate"
         elif gate.relative and base is None:
             passed, reason = False, f"{baseline_source} has no value for {gate.figure}"
@@ -249,6 +258,7 @@ def evaluate_gates(
                 bound=bound,
                 passed=passed,
                 reason=reason,
+                skipped=skipped,
             )
         )
     return results

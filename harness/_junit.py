@@ -2,7 +2,8 @@
 
 One ``<testsuite name="zerowindow.<scenario>">`` with one ``<testcase>`` per gate, named by the
 gate's text; a failed gate carries ``<failure message="...">`` with the measured value and the
-bound. A run that did not complete adds a test case ``run`` with an ``<error>`` giving the
+bound; a relative gate run without a baseline on purpose (``--no-baseline``) is
+``<skipped>``. A run that did not complete adds a test case ``run`` with an ``<error>`` giving the
 reason, so that a CI system shows why even when no gate is declared. Written with
 ``junitparser`` (https://github.com/weiwei/junitparser).
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
-from junitparser import Error, Failure, JUnitXml, TestCase, TestSuite
+from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
 
 from harness._gates import GateResult
 from harness._summary import RunSummary
@@ -35,7 +36,9 @@ def junit_xml(
     classname = f"zerowindow.{summary.scenario}.gates"
     for result in gates:
         case = TestCase(result.gate, classname=classname, time=0.0)
-        if not result.passed:
+        if result.skipped:
+            case.result = [Skipped(result.reason)]
+        elif not result.passed:
             case.result = [Failure(f"{result.gate}: {result.reason}", type_="gate_failed")]
         case.system_out = (
             f"figure={result.figure} measured={result.measured} op={result.op} "

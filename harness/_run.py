@@ -341,15 +341,20 @@ def url_target(scenario: Scenario, url: str) -> UrlTargetConfig:
         raise ScenarioError(f"--target-url {url!r}: {reason}") from None
 
 
-def _baseline_for(scenario: Scenario, path: Path | None) -> tuple[Path, Baseline] | None:
-    """The baseline the scenario's gates need (``None`` if no gate refers to it)."""
-    if not needs_baseline(scenario.gates):
+def _baseline_for(
+    scenario: Scenario, path: Path | None, *, use: bool = True
+) -> tuple[Path, Baseline] | None:
+    """The baseline the scenario's gates need (``None`` if no gate refers to it, or not
+    ``use``)."""
+    if not use or not needs_baseline(scenario.gates):
         return None
     path = path or baseline_path(scenario.name)
     return path, load_baseline(path)
 
 
-def _check_gates(run: _Run, result: RunResult, base: tuple[Path, Baseline] | None) -> None:
+def _check_gates(
+    run: _Run, result: RunResult, base: tuple[Path, Baseline] | None, *, skip_relative: bool
+) -> None:
     """Evaluate the gates, write ``gates.json`` and ``junit.xml``, and turn a complete run
     with a failed gate into exit code 1 (recorded in ``run.json``)."""
     result.baseline = base[0] if base else None
@@ -358,6 +363,7 @@ def _check_gates(run: _Run, result: RunResult, base: tuple[Path, Baseline] | Non
         result.figures,
         base[1].figures if base else None,
         baseline_source=f"baseline {base[0]}" if base else "the baseline",
+        skip_relative=skip_relative,
     )
     if result.exit_code == EXIT_OK and not result.gates_passed:
         result.exit_code = EXIT_FAILED
@@ -379,8 +385,9 @@ def _check_gates(run: _Run, result: RunResult, base: tuple[Path, Baseline] | Non
     run.info.update(
         exit_code=result.exit_code,
         gates={
-            "passed": sum(g.passed for g in result.gates),
+            "passed": sum(g.passed and not g.skipped for g in result.gates),
             "failed": sum(not g.passed for g in result.gates),
+            "skipped": sum(g.skipped for g in result.gates),
             "baseline": str(result.baseline) if result.baseline else None,
         },
     )
@@ -394,13 +401,16 @@ def run_scenario(
     out_root: Path = Path("results"),
     target_url: str | None = None,
     baseline: Path | None = None,
+    use_baseline: bool = True,
     progress: RunProgress | None = None,
 ) -> RunResult:
     """Run ``scenario`` and write its run folder under ``out_root/<name>/<UTC timestamp>/``.
 
     ``target_url`` attaches to a running server instead of the scenario's target. When a gate
     refers to ``baseline``, the baseline file ``baseline`` (default
-    ``results/baselines/<name>.json``) is loaded before anything starts. ``progress`` shows the
+    ``results/baselines/<name>.json``) is loaded before anything starts; with
+    ``use_baseline=False`` none is loaded and relative gates are reported as skipped (the first
+    run of a scenario, to be saved as its baseline). ``progress`` shows the
     run live (see :mod:`harness._progress`). Never raises for failures of the target or the
     load: they are recorded in ``run.json`` and ``summary.json`` and reflected in
     :attr:`RunResult.exit_code` (0 complete and every gate passed, 1 failed during the run or a
@@ -411,7 +421,7 @@ def run_scenario(
     """
     if target_url is not None:
         scenario = scenario.model_copy(update={"target": url_target(scenario, target_url)})
-    base = _baseline_for(scenario, baseline)
+    base = _baseline_for(scenario, baseline, use=use_baseline)
     run_dir = new_run_dir(out_root, scenario.name)
     if scenario_path is not None:
         shutil.copyfile(scenario_path, run_dir / "scenario.toml")
@@ -429,5 +439,5 @@ def run_scenario(
     finally:
         if progress is not None:
             progress.stop()
-    _check_gates(run, result, base)
+    _check_gates(run, result, base, skip_relative=not use_baseline)
     return result

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import re
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -293,8 +294,23 @@ _UNION_TAGS = {
 }
 
 
-def parse_scenario(text: str, *, path: Path) -> Scenario:
-    """Validate the TOML ``text`` of the scenario file ``path``.
+def _merge(data: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` with ``overrides`` merged in: tables merge key by key, other values replace."""
+    out = dict(data)
+    for key, value in overrides.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def parse_scenario(
+    text: str, *, path: Path, overrides: Mapping[str, Any] | None = None
+) -> Scenario:
+    """Validate the TOML ``text`` of the scenario file ``path``, with ``overrides`` (nested
+    tables as dicts, e.g. ``{"target": {"engine": {"kv_release": "on_finish"}}}``) merged in
+    first.
 
     Raises :class:`ScenarioError` naming file, line and field for TOML syntax errors and for
     every validation problem.
@@ -303,14 +319,16 @@ def parse_scenario(text: str, *, path: Path) -> Scenario:
         data: dict[str, Any] = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"{path}: not valid TOML: {exc}") from None
+    if overrides:
+        data = _merge(data, overrides)
     try:
         return Scenario.model_validate(data)
     except ValidationError as exc:
         raise ScenarioError(_format_errors(path, text, exc)) from None
 
 
-def load_scenario(path: str | Path) -> Scenario:
-    """Read and validate a scenario file.
+def load_scenario(path: str | Path, *, overrides: Mapping[str, Any] | None = None) -> Scenario:
+    """Read and validate a scenario file (``overrides``: see :func:`parse_scenario`).
 
     Raises :class:`ScenarioError` (see :func:`parse_scenario`), also when the file cannot be read.
     """
@@ -323,4 +341,4 @@ def load_scenario(path: str | Path) -> Scenario:
         raise ScenarioError(
             f"{path}: not a UTF-8 text file (byte {exc.start}: {exc.reason})"
         ) from None
-    return parse_scenario(text, path=path)
+    return parse_scenario(text, path=path, overrides=overrides)

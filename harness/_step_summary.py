@@ -44,8 +44,9 @@ def step_summary_markdown(
         out += ["| | gate | measured | bound | reason |", "| --- | --- | ---: | ---: | --- |"]
         for g in gates:
             bound = "-" if g.bound is None else f"{g.op} {g.bound:.6g}"
+            mark = "⏭️" if g.skipped else "✅" if g.passed else "❌"
             out.append(
-                f"| {'✅' if g.passed else '❌'} | `{_cell(g.gate)}` | {_f(g.measured, 2)} "
+                f"| {mark} | `{_cell(g.gate)}` | {_f(g.measured, 2)} "
                 f"| {bound} | {_cell(g.reason)} |"
             )
         out.append("")

@@ -42,6 +42,14 @@ def run(
         typer.Option(help="baseline file for gates that refer to 'baseline' "
                      "[default: results/baselines/<scenario>.json]"),
     ] = None,
+    no_baseline: Annotated[
+        bool,
+        typer.Option(
+            "--no-baseline",
+            help="load no baseline: gates that refer to 'baseline' are reported as skipped "
+            "(a scenario's first run, to save with `zerowindow baseline save`)",
+        ),
+    ] = False,
     progress: Annotated[
         bool, typer.Option(help="live progress (plain lines when stdout is not a terminal)")
     ] = True,
@@ -64,6 +72,7 @@ def run(
             out_root=out,
             target_url=target_url,
             baseline=baseline,
+            use_baseline=not no_baseline,
             progress=RunProgress() if progress else None,
         )
     except ScenarioError as exc:
