@@ -118,6 +118,7 @@ class RunProgress:
         self._max_duration_s = 0.0
         self._tails: dict[str, _Tail] = {}
         self._groups: dict[str, _GroupState] = {}
+        self._group_view: dict[str, tuple[int, float | None]] = {}
         self._t_start = time.monotonic()
         self._t_load: float | None = None
         self._t_polled = 0.0
@@ -137,6 +138,7 @@ class RunProgress:
         for g in groups:
             self._tails[g] = _Tail(records_path(run_dir, g))
             self._groups[g] = _GroupState()
+        self._group_view = {g: (0, None) for g in self._groups}
         self._snapshot = self._take_snapshot()
         if self.live:
             self._live = Live(
@@ -197,6 +199,8 @@ class RunProgress:
                 t_send, t_first = head.get("t_send"), head.get("t_first_token")
                 if isinstance(t_send, int | float) and isinstance(t_first, int | float):
                     state.ttft_ms.append((t_first - t_send) * 1000.0)
+        # Medians only after new records, not on every call from the run loop.
+        self._group_view = {g: (s.finished, s.ttft_p50_ms()) for g, s in self._groups.items()}
 
     def _take_snapshot(self) -> _Snapshot:
         now = time.monotonic()
@@ -210,7 +214,7 @@ class RunProgress:
             t_now=now,
             elapsed_s=now - self._t_start,
             remaining_s=remaining,
-            groups={g: (s.finished, s.ttft_p50_ms()) for g, s in self._groups.items()},
+            groups=self._group_view,
             kv_perc=None if kv is None else float(kv) * 100.0,
             running=m.get("num_requests_running"),
             waiting=m.get("num_requests_waiting"),

@@ -268,3 +268,16 @@ def test_the_example_ci_scenario_passes_its_gates_against_its_committed_baseline
     assert gates["baseline"] == "results/baselines/sim-gates.json"
     assert len(gates["gates"]) == 7 and all(g["passed"] for g in gates["gates"])
     assert (REPO / gates["baseline"]).exists()
+
+
+@pytest.mark.vllm
+def test_the_tiny_model_ci_scenario_passes_its_gates_on_vllm(vllm_server, tmp_path):
+    """scenarios/tiny-gates.toml (docs/ci.md's CPU workflow) on the session's real vLLM."""
+    proc = run_cli(
+        "run", "scenarios/tiny-gates.toml", "--target-url", vllm_server,
+        "--out", str(tmp_path), "--no-progress",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    cases = _junit_cases(only_run_dir(tmp_path))
+    assert "kv_held_after_finish_s <= 1" in cases
+    assert all(c.find("failure") is None for c in cases.values())
