@@ -39,8 +39,10 @@ def run(
     ),
     baseline: Annotated[
         Path | None,
-        typer.Option(help="baseline file for gates that refer to 'baseline' "
-                     "[default: results/baselines/<scenario>.json]"),
+        typer.Option(
+            help="baseline file for gates that refer to 'baseline' "
+            "(default: results/baselines/<scenario>.json)"
+        ),
     ] = None,
     no_baseline: Annotated[
         bool,
@@ -60,6 +62,9 @@ def run(
     scenario or set-up error (missing baseline, target did not start), 130 interrupted.
     Writes junit.xml into the run folder; appends a Markdown summary to $GITHUB_STEP_SUMMARY
     when it is set."""
+    if baseline is not None and no_baseline:
+        typer.echo("--baseline and --no-baseline exclude each other", err=True)
+        raise typer.Exit(EXIT_SETUP)
     try:
         config = load_scenario(scenario)
     except ScenarioError as exc:
@@ -100,10 +105,11 @@ def baseline_save(
     run_dir: Annotated[Path, typer.Argument(help="run folder (results/<scenario>/<stamp>)")],
     to: Annotated[
         Path | None,
-        typer.Option(help="file to write [default: results/baselines/<scenario>.json]"),
+        typer.Option(help="file to write (default: results/baselines/<scenario>.json)"),
     ] = None,
     allow_incomplete: Annotated[
-        bool, typer.Option(help="save even if the run failed or was interrupted")
+        bool,
+        typer.Option("--allow-incomplete", help="save even if the run failed or was interrupted"),
     ] = False,
 ) -> None:
     """Save the figures of RUN_DIR as the baseline of its scenario."""

@@ -214,3 +214,16 @@ def test_missing_or_bad_baseline_is_a_clear_error(tmp_path):
     bad.write_text('{"format": 1, "figures": {}}')
     with pytest.raises(BaselineError, match=r"bad.json: not a zerowindow baseline: scenario"):
         load_baseline(bad)
+
+
+def test_baseline_save_refuses_an_incomplete_run_unless_asked(tmp_path):
+    from harness._baseline import save_baseline
+
+    failed = _summary().model_copy(update={"status": "failed", "failure": "engine died"})
+    (tmp_path / "summary.json").write_text(failed.model_dump_json())
+    with pytest.raises(BaselineError, match=r"the run is 'failed' \(engine died\)"):
+        save_baseline(tmp_path, tmp_path / "b.json")
+    path = save_baseline(tmp_path, tmp_path / "b" / "s.json", allow_incomplete=True)
+    baseline = load_baseline(path)
+    assert baseline.scenario == "s" and baseline.figures["fast.ttft_p99_ms"] == 30.0
+    assert baseline.provenance["status"] == "failed"

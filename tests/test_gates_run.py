@@ -185,6 +185,8 @@ def test_missing_baseline_exits_2_before_the_run_starts(tmp_path):
     assert not out.exists()  # nothing started
     other = run_cli("run", str(scenario), "--out", str(out), "--baseline", str(tmp_path / "b"))
     assert other.returncode == 2 and f"no baseline at {tmp_path / 'b'}" in other.stderr
+    both = run_cli("run", str(scenario), "--baseline", "b.json", "--no-baseline")
+    assert both.returncode == 2 and "exclude each other" in both.stderr
 
 
 def test_unknown_figure_exits_2_listing_the_valid_names(tmp_path):
@@ -266,7 +268,7 @@ def test_the_example_ci_scenario_passes_its_gates_against_its_committed_baseline
     assert proc.returncode == 0, proc.stdout + proc.stderr
     gates = json.loads((only_run_dir(tmp_path) / "gates.json").read_text())
     assert gates["baseline"] == "results/baselines/sim-gates.json"
-    assert len(gates["gates"]) == 7 and all(g["passed"] for g in gates["gates"])
+    assert len(gates["gates"]) == 6 and all(g["passed"] for g in gates["gates"])
     assert (REPO / gates["baseline"]).exists()
 
 
