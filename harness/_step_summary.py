@@ -95,3 +95,20 @@ def append_step_summary(
     with open(target, "a", encoding="utf-8") as f:
         f.write(step_summary_markdown(summary, gates, run_dir=run_dir, exit_code=exit_code))
     return Path(target)
+
+
+def append_setup_error(
+    scenario: Path, title: str, detail: str, *, path: str | None = None
+) -> Path | None:
+    """Append a section saying that ``zerowindow run SCENARIO`` stopped before it started
+    (``title``: what went wrong, ``detail``: the error text) to ``path`` (default:
+    ``$GITHUB_STEP_SUMMARY``). Returns the file written, or ``None`` when no file is named.
+    Raises ``OSError`` if the file cannot be appended to."""
+    target = path if path is not None else os.environ.get(ENV)
+    if not target:
+        return None
+    fenced = detail.replace("```", "'''")
+    text = f"### ❌ zerowindow `{scenario}`: {_cell(title)} (exit 2)\n\n```\n{fenced}\n```\n\n"
+    with open(target, "a", encoding="utf-8") as f:
+        f.write(text)
+    return Path(target)

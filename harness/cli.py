@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 
@@ -13,7 +13,7 @@ from harness._progress import RunProgress
 from harness._run import EXIT_SETUP, run_scenario
 from harness._scenario import ScenarioError, load_scenario
 from harness._step_summary import ENV as STEP_SUMMARY_ENV
-from harness._step_summary import append_step_summary
+from harness._step_summary import append_setup_error, append_step_summary
 
 app = typer.Typer(
     help="Chaos and load testing for LLM streaming servers.",
@@ -26,6 +26,17 @@ serve_app = typer.Typer(help="Servers the toolkit ships.", no_args_is_help=True)
 app.add_typer(serve_app, name="serve")
 baseline_app = typer.Typer(help="Baselines for relative gates.", no_args_is_help=True)
 app.add_typer(baseline_app, name="baseline")
+
+
+def _setup_error(scenario: Path, title: str, detail: str) -> NoReturn:
+    """Report an error that stops `run` before it starts (stderr and, under GitHub Actions,
+    the job summary) and exit 2."""
+    typer.echo(f"{title}\n{detail}", err=True)
+    try:
+        append_setup_error(scenario, title, detail)
+    except OSError as exc:
+        typer.echo(f"cannot append to ${STEP_SUMMARY_ENV}: {exc}", err=True)
+    raise typer.Exit(EXIT_SETUP)
 
 
 @app.command()
@@ -63,13 +74,13 @@ def run(
     Writes junit.xml into the run folder; appends a Markdown summary to $GITHUB_STEP_SUMMARY
     when it is set."""
     if baseline is not None and no_baseline:
-        typer.echo("--baseline and --no-baseline exclude each other", err=True)
-        raise typer.Exit(EXIT_SETUP)
+        _setup_error(
+            scenario, "invalid arguments", "--baseline and --no-baseline exclude each other"
+        )
     try:
         config = load_scenario(scenario)
     except ScenarioError as exc:
-        typer.echo(f"invalid scenario\n{exc}", err=True)
-        raise typer.Exit(EXIT_SETUP) from None
+        _setup_error(scenario, "invalid scenario", str(exc))
     try:
         result = run_scenario(
             config,
@@ -81,14 +92,11 @@ def run(
             progress=RunProgress() if progress else None,
         )
     except ScenarioError as exc:
-        typer.echo(f"invalid argument\n{exc}", err=True)
-        raise typer.Exit(EXIT_SETUP) from None
+        _setup_error(scenario, "invalid argument", str(exc))
     except BaselineError as exc:
-        typer.echo(f"cannot load the baseline\n{exc}", err=True)
-        raise typer.Exit(EXIT_SETUP) from None
+        _setup_error(scenario, "cannot load the baseline", str(exc))
     except OSError as exc:
-        typer.echo(f"cannot create the run folder under {out}: {exc.strerror}", err=True)
-        raise typer.Exit(EXIT_SETUP) from None
+        _setup_error(scenario, "cannot create the run folder", f"under {out}: {exc.strerror}")
     print_summary(result.summary, run_dir=str(result.run_dir))
     print_gates(result.gates, exit_code=result.exit_code)
     try:

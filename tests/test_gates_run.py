@@ -175,7 +175,8 @@ def test_missing_baseline_exits_2_before_the_run_starts(tmp_path):
         tmp_path / "s.toml", ["fast.itl_p99_ms <= 1.2 * baseline"], name="zw-test-no-baseline"
     )
     out = tmp_path / "out"
-    proc = run_cli("run", str(scenario), "--out", str(out))
+    step = tmp_path / "step.md"
+    proc = run_cli("run", str(scenario), "--out", str(out), env=_env(GITHUB_STEP_SUMMARY=str(step)))
     assert proc.returncode == 2
     assert proc.stderr == (
         "cannot load the baseline\nno baseline at results/baselines/zw-test-no-baseline.json: "
@@ -183,6 +184,10 @@ def test_missing_baseline_exits_2_before_the_run_starts(tmp_path):
         "`zerowindow baseline save RUN_DIR`, or pass --baseline PATH\n"
     )
     assert not out.exists()  # nothing started
+    # The job summary says why too.
+    assert step.read_text().startswith(
+        f"### ❌ zerowindow `{scenario}`: cannot load the baseline (exit 2)\n\n```\nno baseline at"
+    )
     other = run_cli("run", str(scenario), "--out", str(out), "--baseline", str(tmp_path / "b"))
     assert other.returncode == 2 and f"no baseline at {tmp_path / 'b'}" in other.stderr
     both = run_cli("run", str(scenario), "--baseline", "b.json", "--no-baseline")
