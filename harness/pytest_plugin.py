@@ -9,7 +9,7 @@ Installed with the toolkit (entry point ``pytest11``, name ``zerowindow``), it a
     def test_fast_readers_keep_their_ttft(zerowindow_run):
         result = zerowindow_run(
             "scenarios/sim-coupled.toml",
-            overrides={"target": {"engine": {"kv_release": "on_finish"}}},
+            overrides={"target": {"engine": {"num_blocks": 128}}},
         )
         assert result.summary.status == "complete", result.summary.failure
         assert result.figures["fast.ttft_p99_ms"] < 500
