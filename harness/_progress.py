@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -96,7 +95,7 @@ def _f(value: float | None, fmt: str) -> str:
 class RunProgress:
     """Progress display of one run; see the module docstring.
 
-    ``console`` defaults to stdout; ``live`` defaults to whether that is a terminal.
+    ``console`` defaults to stdout; ``live`` defaults to whether the console is a terminal.
     ``interval_s`` is the time between plain lines, ``poll_s`` between reads of the files.
     Use :meth:`start` before the run, :meth:`update` from its loop and :meth:`stop` after it
     (also on errors). Never raises for unreadable records: progress is best effort.
@@ -111,7 +110,7 @@ class RunProgress:
         poll_s: float = 1.0,
     ) -> None:
         self.console = console or Console()
-        self.live = sys.stdout.isatty() if live is None else live
+        self.live = self.console.is_terminal if live is None else live
         self.interval_s = interval_s
         self.poll_s = poll_s
         self._scenario = ""
