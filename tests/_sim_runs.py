@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from harness._gates import parse_gate
 from harness._run import RunResult, run_scenario
 from harness._scenario import Scenario, load_scenario
 from loadgen import Paced
@@ -38,7 +39,8 @@ def sim_runs(factory: pytest.TempPathFactory) -> dict[str, RunResult]:
 
 def rst_run(factory: pytest.TempPathFactory) -> RunResult:
     """A short run on the engine emulator whose ``rst`` group (2 users) closes with RST after
-    4 tokens and whose ``fast`` group (2 users) reads to the end (a few seconds)."""
+    4 tokens and whose ``fast`` group (2 users) reads to the end (a few seconds). Of its two
+    gates the second (TTFT p50 under 1 µs) fails, so the run exits 1."""
     if "rst" not in _cache:
         base = _reduced("on_finish")
         fast = base.groups[0].model_copy(
@@ -54,6 +56,9 @@ def rst_run(factory: pytest.TempPathFactory) -> RunResult:
                 "start_after_s": 3,
             }
         )
-        scenario = base.model_copy(update={"name": "sim-rst", "groups": [fast, rst]})
+        gates = [parse_gate("fast.outcome.complete == 2"), parse_gate("rst.ttft_p50_ms <= 0.001")]
+        scenario = base.model_copy(
+            update={"name": "sim-rst", "groups": [fast, rst], "gates": gates}
+        )
         _cache["rst"] = run_scenario(scenario, out_root=factory.mktemp("sim-rst-run"))
     return _cache["rst"]

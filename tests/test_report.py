@@ -10,6 +10,7 @@ import subprocess
 import numpy as np
 import pandas as pd
 import pytest
+from markupsafe import escape
 
 from harness._report import (
     REPORT_NAME,
@@ -71,7 +72,7 @@ def test_report_data_has_the_markers(runs):
 
 def test_rst_and_group_starts_are_marked(tmp_path_factory):
     result = rst_run(tmp_path_factory)
-    assert result.exit_code == 0, result.summary.failure
+    assert result.exit_code == 1, result.summary.failure  # a gate failed, on purpose
     data = load_run(result.run_dir)
     evs = events(data)
     rsts = [e for e in evs if e.kind == "cut"]
@@ -194,6 +195,16 @@ def test_unknown_verdicts_and_summary_keys_are_rendered_generically(runs, tmp_pa
     assert "wasted decode after stall" in html and "wasted decode: 123 tokens" in html
     assert "per_group.slow" in html and "123.5" in html
     assert "<h3>gates</h3>" in html and "fast.ttft_p99_ms" in html
+
+
+def test_gates_are_reported_with_their_numbers(tmp_path_factory):
+    """A run whose gate failed still gets its report, with the gates and the exit code."""
+    result = rst_run(tmp_path_factory)
+    html = (result.run_dir / REPORT_NAME).read_text()
+    assert "<h2>Gates</h2>" in html and "1 failed, 0 skipped, of 2" in html
+    assert "exit code 1" in html
+    failed = next(g for g in result.gates if not g.passed)
+    assert failed.figure == "rst.ttft_p50_ms" and str(escape(failed.reason)) in html
 
 
 def test_run_that_measured_nothing_still_renders(runs, tmp_path):

@@ -37,6 +37,7 @@ class RunData:
     metrics: pd.DataFrame
     sockets: pd.DataFrame
     records: list[RequestRecord] = field(default_factory=list)
+    gates: dict[str, Any] = field(default_factory=dict)  # gates.json, when the run had gates
     t0: float = 0.0
 
     @property
@@ -79,13 +80,14 @@ def _read_records(run_dir: Path) -> list[RequestRecord]:
 
 
 def load_run(run_dir: Path, *, with_records: bool = True) -> RunData:
-    """Read ``run_dir`` (``summary.json`` required; ``run.json``, tables and records when
-    present). Raises :class:`ReportError` for a missing folder or ``summary.json``, or a file
-    that cannot be parsed."""
+    """Read ``run_dir`` (``summary.json`` required; ``run.json``, ``gates.json``, tables and
+    records when present). Raises :class:`ReportError` for a missing folder or
+    ``summary.json``, or a file that cannot be parsed."""
     if not run_dir.is_dir():
         raise ReportError(f"{run_dir}: not a folder")
     summary = read_json(run_dir / "summary.json")
     info = read_json(run_dir / "run.json") if (run_dir / "run.json").exists() else {}
+    gates = read_json(run_dir / "gates.json") if (run_dir / "gates.json").exists() else {}
     frames = {name: _read_table(run_dir / f"{name}.parquet") for name in TABLES}
     data = RunData(
         run_dir=run_dir,
@@ -96,6 +98,7 @@ def load_run(run_dir: Path, *, with_records: bool = True) -> RunData:
         metrics=frames["server_metrics"],
         sockets=frames["sockets"],
         records=_read_records(run_dir) if with_records else [],
+        gates=gates,
     )
     data.t0 = _origin(data)
     return data
