@@ -58,7 +58,12 @@ def rst_run(factory: pytest.TempPathFactory) -> RunResult:
         )
         gates = [parse_gate("fast.outcome.complete == 2"), parse_gate("rst.ttft_p50_ms <= 0.001")]
         scenario = base.model_copy(
-            update={"name": "sim-rst", "groups": [fast, rst], "gates": gates}
+            update={
+                "name": "sim-rst",
+                "description": "2 fast readers, 2 readers that send RST after 4 tokens",
+                "groups": [fast, rst],
+                "gates": gates,
+            }
         )
         _cache["rst"] = run_scenario(scenario, out_root=factory.mktemp("sim-rst-run"))
     return _cache["rst"]
