@@ -3,13 +3,14 @@
 :func:`run_comparison` starts the scenario's target once, then for each entry of the
 scenario's ``proxies`` in turn waits until the engine is idle (no running or waiting request),
 starts that proxy and runs the scenario's groups through it into ``<run>/<name>/`` (a complete
-run folder each: tables, ``summary.json``, ``run.json``), and stops the proxy. The workload is
-identical in each: the load processes are started afresh with the same seed, so the same users
-send the same prompts (``loadgen._prompt``: seeded by run seed, group, user and request index)
-on the same schedule (spawn rate, ``start_after_s``, ``wait_s``). Before the first
-configuration, :data:`WARMUP_REQUESTS` short requests go straight to the target, so that the
-first configuration does not alone pay the engine's first-request costs (vLLM's first
-requests after start are several times slower). Then it writes the comparison
+run folder each: tables, ``summary.json``, ``run.json``, the scenario's gates evaluated on
+that configuration's figures in ``gates.json``/``junit.xml``, ``report.html``), and stops the
+proxy. The workload is identical in each: the load processes are started afresh with the same
+seed, so the same users send the same prompts (``loadgen._prompt``: seeded by run seed, group,
+user and request index) on the same schedule (spawn rate, ``start_after_s``, ``wait_s``).
+Before the first configuration, :data:`WARMUP_REQUESTS` short requests go straight to the
+target, so that the first configuration does not alone pay the engine's first-request costs
+(vLLM's first requests after start are several times slower). Then it writes the comparison
 (``comparison.json``, ``comparison.md``; ``harness._comparison``) into ``<run>/`` and stops the
 target.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -28,6 +30,7 @@ import httpx
 
 from harness._collectors import parse_vllm_metrics
 from harness._comparison import Comparison, compare, write_comparison
+from harness._report import report_or_warning
 from harness._run import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -35,6 +38,7 @@ from harness._run import (
     EXIT_SETUP,
     RunInterrupted,
     RunResult,
+    _check_gates,
     _Run,
     _signals_raise,
     new_run_dir,
@@ -198,6 +202,11 @@ def _run_each(
         result.runs[named.name] = outcome
         if outcome.exit_code == EXIT_INTERRUPTED:
             raise RunInterrupted("signal")
+        # Each configuration is gated on its own figures; gates against a baseline file are
+        # skipped (a comparison has no baseline per configuration).
+        _check_gates(run, outcome, None, skip_relative=True)
+        if warning := report_or_warning(sub_dir):
+            print(warning, file=sys.stderr)
         if outcome.exit_code != EXIT_OK:
             result.exit_code = EXIT_FAILED
             result.failure = f"{named.name}: {outcome.summary.failure}"

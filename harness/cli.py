@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 
-from harness._console import print_summary
+from harness._baseline import BaselineError, save_baseline
+from harness._console import print_gates, print_summary
+from harness._progress import RunProgress
 from harness._run import EXIT_SETUP, run_scenario
 from harness._scenario import Scenario, ScenarioError, load_scenario
+from harness._step_summary import ENV as STEP_SUMMARY_ENV
+from harness._step_summary import append_setup_error, append_step_summary
 
 app = typer.Typer(
     help="Chaos and load testing for LLM streaming servers.",
@@ -20,6 +25,19 @@ model_app = typer.Typer(help="Models for tests and demos.", no_args_is_help=True
 app.add_typer(model_app, name="model")
 serve_app = typer.Typer(help="Servers the toolkit ships.", no_args_is_help=True)
 app.add_typer(serve_app, name="serve")
+baseline_app = typer.Typer(help="Baselines for relative gates.", no_args_is_help=True)
+app.add_typer(baseline_app, name="baseline")
+
+
+def _setup_error(scenario: Path, title: str, detail: str) -> NoReturn:
+    """Report an error that stops `run` before it starts (stderr and, under GitHub Actions,
+    the job summary) and exit 2."""
+    typer.echo(f"{title}\n{detail}", err=True)
+    try:
+        append_setup_error(scenario, title, detail)
+    except OSError as exc:
+        typer.echo(f"cannot append to ${STEP_SUMMARY_ENV}: {exc}", err=True)
+    raise typer.Exit(EXIT_SETUP)
 
 
 @app.command()
@@ -31,26 +49,153 @@ def run(
     out: Annotated[Path, typer.Option(help="folder that receives the run folders")] = Path(
         "results"
     ),
+    baseline: Annotated[
+        Path | None,
+        typer.Option(
+            help="baseline file for gates that refer to 'baseline' "
+            "(default: results/baselines/<scenario>.json)"
+        ),
+    ] = None,
+    no_baseline: Annotated[
+        bool,
+        typer.Option(
+            "--no-baseline",
+            help="load no baseline: gates that refer to 'baseline' are reported as skipped "
+            "(a scenario's first run, to save with `zerowindow baseline save`)",
+        ),
+    ] = False,
+    progress: Annotated[
+        bool, typer.Option(help="live progress (plain lines when stdout is not a terminal)")
+    ] = True,
 ) -> None:
     """Run SCENARIO and write results/<scenario>/<UTC timestamp>/ (with `proxies = [...]`: one
-    run folder per proxy configuration in it, and the comparison)."""
+    run folder per proxy configuration in it, and the comparison).
+
+    Exit code: 0 complete and every gate passed, 1 a gate failed or the run failed, 2 invalid
+    scenario or set-up error (missing baseline, target did not start), 130 interrupted.
+    Writes junit.xml into the run folder; appends a Markdown summary to $GITHUB_STEP_SUMMARY
+    when it is set."""
+    if baseline is not None and no_baseline:
+        _setup_error(
+            scenario, "invalid arguments", "--baseline and --no-baseline exclude each other"
+        )
     try:
         config = load_scenario(scenario)
     except ScenarioError as exc:
-        typer.echo(f"invalid scenario\n{exc}", err=True)
-        raise typer.Exit(EXIT_SETUP) from None
+        _setup_error(scenario, "invalid scenario", str(exc))
     if config.proxies:
         _run_comparison(config, scenario, out, target_url)
     try:
-        result = run_scenario(config, scenario_path=scenario, out_root=out, target_url=target_url)
+        result = run_scenario(
+            config,
+            scenario_path=scenario,
+            out_root=out,
+            target_url=target_url,
+            baseline=baseline,
+            use_baseline=not no_baseline,
+            progress=RunProgress() if progress else None,
+        )
     except ScenarioError as exc:
-        typer.echo(f"invalid argument\n{exc}", err=True)
+        _setup_error(scenario, "invalid argument", str(exc))
+    except BaselineError as exc:
+        _setup_error(scenario, "cannot load the baseline", str(exc))
+    except OSError as exc:
+        _setup_error(scenario, "cannot create the run folder", f"under {out}: {exc.strerror}")
+    print_summary(result.summary, run_dir=str(result.run_dir))
+    print_gates(result.gates, exit_code=result.exit_code)
+    try:
+        append_step_summary(
+            result.summary, result.gates, run_dir=result.run_dir, exit_code=result.exit_code
+        )
+    except OSError as exc:
+        typer.echo(f"cannot append to ${STEP_SUMMARY_ENV}: {exc}", err=True)
+    if (report_path := result.run_dir / "report.html").exists():
+        typer.echo(f"report: {report_path}")
+    raise typer.Exit(result.exit_code)
+
+
+@baseline_app.command("save")
+def baseline_save(
+    run_dir: Annotated[Path, typer.Argument(help="run folder (results/<scenario>/<stamp>)")],
+    to: Annotated[
+        Path | None,
+        typer.Option(help="file to write (default: results/baselines/<scenario>.json)"),
+    ] = None,
+    allow_incomplete: Annotated[
+        bool,
+        typer.Option("--allow-incomplete", help="save even if the run failed or was interrupted"),
+    ] = False,
+) -> None:
+    """Save the figures of RUN_DIR as the baseline of its scenario."""
+    try:
+        path = save_baseline(run_dir, to, allow_incomplete=allow_incomplete)
+    except BaselineError as exc:
+        typer.echo(f"cannot save the baseline\n{exc}", err=True)
+        raise typer.Exit(EXIT_SETUP) from None
+    typer.echo(f"baseline written to {path}")
+
+
+@app.command()
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="run folder (results/<scenario>/<stamp>)")],
+    out: Annotated[
+        Path | None, typer.Option(help="where to write (default RUN_DIR/report.html)")
+    ] = None,
+) -> None:
+    """Write RUN_DIR/report.html: one self-contained page with timelines, CDFs and verdicts."""
+    from harness._report import ReportError, write_report
+
+    try:
+        path = write_report(run_dir, out)
+    except ReportError as exc:
+        typer.echo(f"cannot write the report\n{exc}", err=True)
         raise typer.Exit(EXIT_SETUP) from None
     except OSError as exc:
-        typer.echo(f"cannot create the run folder under {out}: {exc.strerror}", err=True)
+        typer.echo(f"cannot write the report to {exc.filename}: {exc.strerror}", err=True)
         raise typer.Exit(EXIT_SETUP) from None
-    print_summary(result.summary, run_dir=str(result.run_dir))
-    raise typer.Exit(result.exit_code)
+    typer.echo(f"report written to {path}")
+
+
+@app.command()
+def compare(
+    run_dirs: Annotated[list[Path], typer.Argument(help="two or more run folders")],
+    fmt: Annotated[
+        str, typer.Option("--format", help="table (terminal), markdown, csv or json")
+    ] = "table",
+    html: Annotated[
+        Path | None, typer.Option(help="also write an HTML comparison with overlaid CDFs")
+    ] = None,
+    only: Annotated[
+        list[str] | None, typer.Option(help="figures matching this pattern, e.g. 'fast.ttft_*'")
+    ] = None,
+) -> None:
+    """Print the runs' figures side by side, with ratios against the first run."""
+    from rich.console import Console
+
+    from harness._compare import FORMATS, compare_runs, html_page, render, rich_table
+    from harness._report import ReportError
+
+    if len(run_dirs) < 2 or fmt not in FORMATS:
+        typer.echo(
+            "compare needs two or more run folders and --format " + "|".join(FORMATS), err=True
+        )
+        raise typer.Exit(EXIT_SETUP)
+    try:
+        comparison = compare_runs(run_dirs, only or ())
+        if html is not None:
+            html.write_text(html_page(comparison), encoding="utf-8")
+    except (ReportError, ValueError) as exc:
+        typer.echo(f"cannot compare\n{exc}", err=True)
+        raise typer.Exit(EXIT_SETUP) from None
+    except OSError as exc:
+        typer.echo(f"cannot write {exc.filename}: {exc.strerror}", err=True)
+        raise typer.Exit(EXIT_SETUP) from None
+    if fmt == "table":
+        Console(width=None if sys.stdout.isatty() else 200).print(rich_table(comparison))
+    else:
+        typer.echo(render(comparison, fmt), nl=False)
+    if html is not None:
+        typer.echo(f"HTML comparison written to {html}", err=fmt != "table")
 
 
 def _run_comparison(config: Scenario, path: Path, out: Path, target_url: str | None) -> None:
@@ -60,13 +205,15 @@ def _run_comparison(config: Scenario, path: Path, out: Path, target_url: str | N
     try:
         result = run_comparison(config, scenario_path=path, out_root=out, target_url=target_url)
     except ScenarioError as exc:
-        typer.echo(f"invalid argument\n{exc}", err=True)
-        raise typer.Exit(EXIT_SETUP) from None
+        _setup_error(path, "invalid argument", str(exc))
     except OSError as exc:
-        typer.echo(f"cannot create the run folder under {out}: {exc.strerror}", err=True)
-        raise typer.Exit(EXIT_SETUP) from None
+        _setup_error(path, "cannot create the run folder", f"under {out}: {exc.strerror}")
     if result.comparison is not None:
         print_comparison(result.comparison, title=config.name)
+    for name, run in result.runs.items():
+        if run.gates:
+            typer.echo(f"gates of {name}:")
+            print_gates(run.gates, exit_code=run.exit_code)
     if result.failure:
         typer.secho(f"comparison incomplete: {result.failure}", fg="red", err=True)
     typer.echo(f"results: {result.run_dir}")
