@@ -18,14 +18,15 @@ without a client action), against the ``none`` configuration, TTFT p50 rose by a
 ``ttft_rise_ratio`` (and ``min_ttft_rise_ms``) while inter-chunk p50 fell to at most
 ``inter_chunk_fall_ratio`` of the baseline. When the baseline's inter-chunk p50 is 0 ms (the
 client reads several chunks at once, as a loaded client of vLLM does), the inter-chunk mean
-stands in for it. Without a ``none`` configuration or a healthy
-group the verdict is ``not_evaluated``.
+stands in for it. Without a ``none`` configuration or a healthy group, or when the load
+generator was saturated in either run (the summary's ``client_saturation``: latencies are then
+unreliable), the verdict is ``not_evaluated``.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -153,8 +154,12 @@ def buffering_distortion(
     baseline: str | None,
     healthy_groups: list[str],
     thresholds: DistortionThresholds | None = None,
+    saturated: Collection[str] = (),
 ) -> list[dict[str, Any]]:
     """The buffering verdict of every configuration but the baseline (module docstring).
+    ``saturated`` names configurations whose load generator was saturated: their latencies
+    (or the baseline's) cannot be trusted, so the verdict is ``not_evaluated`` (the numbers are
+    still given).
 
     ``groups`` is a :func:`group_rows` frame. Each verdict: ``configuration``, ``status``
     (``buffering`` | ``streaming`` | ``not_evaluated``), ``evidence`` (per healthy group: TTFT
@@ -225,8 +230,17 @@ def buffering_distortion(
         )
         status = "buffering" if flagged else "streaming"
         verdict = "BUFFERS the stream" if flagged else "streams (no buffering distortion)"
+        line = f"{name}: {verdict}; {numbers}"
+        unreliable = [n for n in (baseline, name) if n in saturated]
+        if unreliable:
+            status = "not_evaluated"
+            line = (
+                f"{name}: buffering not evaluated (client saturated in "
+                f"{' and '.join(unreliable)}: latency figures unreliable); would say: "
+                f"{verdict}; {numbers}"
+            )
         out.append({"configuration": name, "status": status, "evidence": evidence,
-                    "line": f"{name}: {verdict}; {numbers}"})  # fmt: skip
+                    "line": line})  # fmt: skip
     return out
 
 
@@ -246,7 +260,11 @@ def compare(
         groups=groups,
         configurations=config_rows(summaries),
         distortion=buffering_distortion(
-            groups, baseline=baseline, healthy_groups=healthy_groups, thresholds=thresholds
+            groups,
+            baseline=baseline,
+            healthy_groups=healthy_groups,
+            thresholds=thresholds,
+            saturated={n for n, s in summaries.items() if s.client_saturation.saturated},
         ),
         baseline=baseline,
         healthy_groups=healthy_groups,

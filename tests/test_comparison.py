@@ -126,6 +126,19 @@ def test_buffering_proxy_is_flagged_with_numbers() -> None:
     assert verdicts["slow-hop"]["status"] == "streaming"
 
 
+def test_a_saturated_client_is_not_judged() -> None:
+    buffered = _summary(_fast(ttft_s=0.200, gap_s=0.001))
+    saturated = buffered.model_copy(
+        update={"client_saturation": buffered.client_saturation.model_copy(
+            update={"saturated": True})}
+    )  # fmt: skip
+    summaries = {"none": _summary(_fast(ttft_s=0.020, gap_s=0.010)), "buffered": saturated}
+    c = compare(summaries, kinds={"none": "none", "buffered": "nginx"}, healthy_groups=["fast"])
+    d = c.distortion[0]
+    assert d["status"] == "not_evaluated" and d["evidence"]
+    assert "client saturated in buffered" in d["line"] and "would say: BUFFERS" in d["line"]
+
+
 def test_thresholds_decide_the_flag() -> None:
     summaries = {
         "none": _summary(_fast(ttft_s=0.020, gap_s=0.010)),

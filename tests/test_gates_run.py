@@ -202,7 +202,9 @@ def test_unknown_figure_exits_2_listing_the_valid_names(tmp_path):
         proc.stderr
     )
     assert "did you mean 'fast.ttft_p99_ms'" in proc.stderr
-    assert "valid figures: client_saturated, duration_s, fast.cut_rst, fast.cut_seen," in proc.stderr
+    assert (
+        "valid figures: client_saturated, duration_s, fast.cut_rst, fast.cut_seen," in proc.stderr
+    )
 
 
 def test_baseline_save_refuses_what_is_not_a_complete_run(tmp_path):
