@@ -108,7 +108,9 @@ def test_comparison_files(result: ComparisonResult) -> None:
     assert len(groups) == 2 * len(result.runs)
     assert set(groups["configuration"]) == set(result.runs)
     assert {d["configuration"] for d in data["distortion"]} == set(result.runs) - {"none"}
-    # Neither proxy coalesces chunks here: nothing is flagged as buffering the stream.
-    assert all(d["status"] == "streaming" for d in data["distortion"]), data["distortion"]
+    # Neither proxy coalesces chunks here: nothing is flagged as buffering the stream (a
+    # saturated load generator on a busy machine makes it "not_evaluated").
+    assert all(d["status"] != "buffering" for d in data["distortion"]), data["distortion"]
+    assert all(d["evidence"] for d in data["distortion"]), data["distortion"]
     md = (result.run_dir / "comparison.md").read_text()
     assert "| egress | stalled |" in md and "Buffering distortion" in md
