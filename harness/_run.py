@@ -10,6 +10,7 @@ the run failed.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import sys
@@ -27,8 +28,9 @@ from urllib.parse import urlsplit
 import pandas as pd
 from pydantic import ValidationError
 
-from harness._collectors import MetricsScraper, SocketSampler
+from harness._collectors import SOCKET_COLUMNS, MetricsScraper, SocketSampler
 from harness._loadrun import LoadProcess, records_path, saturation_path, start_load
+from harness._netrun import RunNetwork, plan_network
 from harness._proxies import make_proxy
 from harness._runinfo import host_facts, versions
 from harness._saturation import saturation_summary
@@ -43,6 +45,7 @@ from harness._summary import (
 from harness._tables import chunks_frame, load_records, requests_frame, write_parquet
 from harness._targets import Target, TargetError, make_target
 from harness._verdicts import kv_held_verdict
+from netem._netns import NetemError
 
 # Exit codes of `zerowindow run`.
 EXIT_OK, EXIT_FAILED, EXIT_SETUP, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -68,8 +71,13 @@ def _signals_raise() -> Iterator[list[str]]:
     """Turn the first SIGINT/SIGTERM into :class:`RunInterrupted`; ignore later ones so that
     clean-up finishes. Yields a list that receives the signal names."""
     received: list[str] = []
+    owner = os.getpid()
 
     def handler(signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != owner:
+            # A forked child (pyroute2 forks to enter namespaces) inherits this handler; the
+            # exception would unwind the child through the run's clean-up. It just exits.
+            os._exit(128 + signum)
         received.append(signal.Signals(signum).name)
         if len(received) == 1:
             raise RunInterrupted(received[0])
@@ -102,7 +110,12 @@ class _Run:
     """State of one run; ``execute`` is the whole life cycle."""
 
     def __init__(
-        self, scenario: Scenario, scenario_path: Path | None, run_dir: Path, target: Target
+        self,
+        scenario: Scenario,
+        scenario_path: Path | None,
+        run_dir: Path,
+        target: Target,
+        network: RunNetwork | None = None,
     ) -> None:
         self.scenario = scenario
         self.scenario_path = scenario_path
@@ -110,6 +123,8 @@ class _Run:
         self.target = target
         self.proxy = make_proxy(scenario.proxy)
         self.client_url = target.base_url
+        self.client_port: int | None = None
+        self.network = network
         self.loads: list[LoadProcess] = []
         self.scraper: MetricsScraper | None = None
         self.sockets: SocketSampler | None = None
@@ -131,14 +146,28 @@ class _Run:
     # -- phases -------------------------------------------------------------------------
 
     def _start_target(self) -> None:
+        netns = None
+        if self.network is not None:
+            self.network.setup(self.run_dir)
+            netns = self.network.server_netns
+            for part in (self.target, self.proxy):
+                if (server := getattr(part, "server", None)) is not None:
+                    server.netns = netns
         self.target.start(self.run_dir)
         self.client_url = self.proxy.start(self.run_dir, self.target.base_url)
+        if self.network is not None:
+            for part in (self.target, self.proxy):
+                if (server := getattr(part, "server", None)) is not None:
+                    self.network.record_process(server.proc, server.label)
         # Undelivered bytes wait in the sockets that face the clients (the proxy's, if any).
         url = urlsplit(self.client_url)
-        port = url.port or (443 if url.scheme == "https" else 80)
+        port = self.client_port = url.port or (443 if url.scheme == "https" else 80)
+        target_port = urlsplit(self.target.base_url).port or port
         c = self.scenario.collectors
         self.scraper = MetricsScraper(self.target.base_url, interval_s=c.metrics_interval_s)
-        self.sockets = SocketSampler(port, interval_s=c.sockets_interval_s)
+        self.sockets = SocketSampler(
+            {port, target_port}, interval_s=c.sockets_interval_s, netns=netns
+        )
         self.scraper.start()
         self.sockets.start()
 
@@ -154,8 +183,11 @@ class _Run:
                     model=self.target.served_model_name,
                     seed=self.scenario.seed,
                     max_duration_s=self.scenario.max_duration_s,
+                    netns=self.network.group_netns(group.name) if self.network else None,
                 )
             )
+            if self.network is not None:
+                self.network.record_process(self.loads[-1].proc, f"locust {group.name}")
 
     def _target_failure(self) -> str | None:
         reason = self.target.failure() or self.proxy.failure()
@@ -206,6 +238,10 @@ class _Run:
                 self.status = "failed"
                 self.exit_code = EXIT_FAILED if started else EXIT_SETUP
                 self.failure = str(exc)
+            except NetemError as exc:
+                self.status = "failed"
+                self.exit_code = EXIT_FAILED if started else EXIT_SETUP
+                self.failure = f"network: {exc}"
             except OSError as exc:
                 self.status, self.exit_code = "failed", EXIT_SETUP
                 self.failure = f"cannot start the run: {exc}"
@@ -228,6 +264,9 @@ class _Run:
                 sampler.stop()
         self.proxy.stop()
         self.target.stop()
+        if self.network is not None:
+            self.network.teardown()
+            self.info["network"] = self.network.describe()
         self.info["proxy"] = self.proxy.describe()
         self.info["load_processes"] = [{"group": ld.group, "argv": ld.argv} for ld in self.loads]
         self.info["target"] = self.target.describe()
@@ -241,10 +280,11 @@ class _Run:
             )
         sockets = pd.DataFrame(
             self.sockets.rows if self.sockets else [],
-            columns=["t", "client_addr", "client_port", "state", "send_q_bytes", "recv_q_bytes"],
+            columns=SOCKET_COLUMNS,
         )
         records = load_records(records_path(self.run_dir, g.name) for g in self.scenario.groups)
-        requests = requests_frame(records, sockets)
+        # Requests meet the server on the client-facing port (the proxy's, if any).
+        requests = requests_frame(records, sockets[sockets["local_port"] == self.client_port])
         chunks = chunks_frame(records)
         for frame, name in (
             (requests, "requests"),
@@ -312,11 +352,14 @@ def run_scenario(
     for failures of the target or the load: they are recorded in ``run.json`` and
     ``summary.json`` and reflected in :attr:`RunResult.exit_code` (0 complete, 1 failed during
     the run, 2 could not start, 130 interrupted by SIGINT/SIGTERM). Raises
-    :class:`ScenarioError` only for an invalid ``target_url``, before anything starts.
+    :class:`ScenarioError` only for an invalid ``target_url``, or a target the run cannot start
+    inside its server namespace when the scenario needs one, before anything starts.
     """
     if target_url is not None:
         scenario = scenario.model_copy(update={"target": url_target(scenario, target_url)})
+    scenario, network = plan_network(scenario)
     run_dir = new_run_dir(out_root, scenario.name)
     if scenario_path is not None:
         shutil.copyfile(scenario_path, run_dir / "scenario.toml")
-    return _Run(scenario, scenario_path, run_dir, make_target(scenario.target)).execute()
+    target = make_target(scenario.target)
+    return _Run(scenario, scenario_path, run_dir, target, network).execute()

@@ -80,7 +80,8 @@ def _delete_nft_table(family: str, name: str) -> bool:
     nft = shutil.which("nft")
     if nft is None:
         return False
-    return subprocess.run([nft, "delete", "table", family, name], capture_output=True).returncode == 0
+    done = subprocess.run([nft, "delete", "table", family, name], capture_output=True)
+    return done.returncode == 0
 
 
 def _remove_root_qdisc(res: dict[str, Any]) -> bool:
@@ -98,6 +99,23 @@ def _remove_root_qdisc(res: dict[str, Any]) -> bool:
         except Exception:
             return False
     return True
+
+
+def tagged_processes() -> list[tuple[int, str]]:
+    """(pid, tag) of processes whose command line carries ``--tag zw-...`` (the toolkit's
+    helper processes, such as the delay line, name the resource they serve that way)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for i, arg in enumerate(argv[:-1]):
+            if arg == b"--tag" and argv[i + 1].startswith(PREFIX.encode()):
+                found.append((int(entry.name), argv[i + 1].decode(errors="replace")))
+    return found
 
 
 def clean_state(state: dict[str, Any]) -> list[str]:
@@ -166,6 +184,13 @@ def clean(
             if wanted(name):
                 ipr.link("del", index=link["index"])
                 report.removed.append(f"link {name}")
+    for pid, tag in tagged_processes():
+        if wanted(tag):
+            try:
+                os.kill(pid, signal.SIGKILL)
+                report.removed.append(f"process {pid} ({tag})")
+            except (ProcessLookupError, PermissionError):
+                pass
     for family, name in _nft_tables():
         if wanted(name) and _delete_nft_table(family, name):
             report.removed.append(f"nft table {name}")

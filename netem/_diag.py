@@ -97,8 +97,8 @@ class TcpDiag:
                 sport = msg["idiag_sport"]
                 if local_ports is not None and sport not in local_ports:
                     continue
-                info = msg.get_attr("INET_DIAG_INFO")
-                get = (lambda k: info.get(k)) if info is not None else (lambda k: None)
+                info = msg.get_attr("INET_DIAG_INFO") or {}
+                get = info.get
                 rtt = get("tcpi_rtt")
                 out.append(
                     TcpConnInfo(

@@ -24,6 +24,7 @@ chosen from the run id that no root-namespace address overlaps.
 from __future__ import annotations
 
 import ipaddress
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,7 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
 from netem._netns import (
+    NETNS_DIR,
     PREFIX,
     NetemError,
     create_netns,
@@ -73,7 +75,7 @@ class Topology:
 
     run_id: str
     groups: list[str]
-    state: NetemState
+    state: NetemState | None
     server_sysctls: dict[str, str] = field(default_factory=dict)
     applied_sysctls: dict[str, str] = field(default_factory=dict)
 
@@ -98,8 +100,7 @@ class Topology:
                 client_addr=str(base + 2),
                 server_side_addr=str(base + 1),
             )
-        self.server_addr = ""
-        self.host_addr = ""
+        self.server_addr, self.host_addr = self._pick_host_subnet()
 
     # -- creation -----------------------------------------------------------------------
 
@@ -108,77 +109,79 @@ class Topology:
         :class:`~netem._netns.NetemPermissionError` without CAP_NET_ADMIN and
         :class:`NetemError` when the kernel refuses a step (the message names it)."""
         require_net_admin("creating the run's network namespaces")
-        with IPRoute() as ipr:
-            self._pick_host_subnet(ipr)
-            self._netns(self.server_ns)
-            self._veth(
-                ipr,
-                self.host_ifname,
-                None,
-                self.host_addr,
-                self.host_peer_ifname,
-                self.server_ns,
-                self.server_addr,
-            )
+        if self.state is None:
+            raise NetemError("the topology needs a state file before it creates anything")
+        self._netns(self.server_ns)
+        self._host_veth()
         for link in self.links.values():
             self._netns(link.netns)
             self._veth_between_namespaces(link)
         if self.server_sysctls:
             self.applied_sysctls = set_sysctls(self.server_ns, self.server_sysctls)
 
-    def _pick_host_subnet(self, ipr: IPRoute) -> None:
-        used = [
-            ipaddress.ip_interface(f"{a.get('IFA_ADDRESS')}/{a['prefixlen']}").network
-            for a in ipr.get_addr(family=2)
-        ]
+    def _record(self, kind: str, **fields: Any) -> None:
+        assert self.state is not None
+        self.state.record(kind, **fields)
+
+    def _pick_host_subnet(self) -> tuple[str, str]:
+        """(server address, host address) of a /30 in :data:`HOST_NET` that overlaps no
+        address of the root namespace, starting from one chosen by the run id."""
+        with IPRoute() as ipr:
+            used = [
+                ipaddress.ip_interface(f"{a.get('IFA_ADDRESS')}/{a['prefixlen']}").network
+                for a in ipr.get_addr(family=2)
+            ]
         subnets = HOST_NET.num_addresses // 4
-        start = int(self.run_id, 16) % subnets if self.run_id.isalnum() else 0
+        start = int(self.run_id, 36) % subnets if self.run_id.isalnum() else 0
         for k in range(subnets):
-            net = ipaddress.ip_network(f"{HOST_NET.network_address + 4 * ((start + k) % subnets)}/30")
+            first = HOST_NET.network_address + 4 * ((start + k) % subnets)
+            net = ipaddress.ip_network(f"{first}/30")
             if not any(net.overlaps(u) for u in used):
-                self.server_addr, self.host_addr = str(net[1]), str(net[2])
-                return
+                return str(net[1]), str(net[2])
         raise NetemError(f"no free /30 left in {HOST_NET} for the host link")
 
     def _netns(self, name: str) -> None:
-        self.state.record("netns", name=name)
+        self._record("netns", name=name)
         create_netns(name)
         with IPRoute(netns=name) as ns:
             ns.link("set", index=ns.link_lookup(ifname="lo")[0], state="up")
 
-    def _veth(
-        self,
-        ipr: IPRoute,
-        name: str,
-        name_ns: str | None,
-        addr: str,
-        peer: str,
-        peer_ns: str,
-        peer_addr: str,
-    ) -> None:
-        """A veth pair ``name`` (in the root namespace) - ``peer`` (moved into ``peer_ns``)."""
-        self.state.record("link", name=name, netns=name_ns, peer=peer)
+    def _host_veth(self) -> None:
+        """The veth pair between the root namespace and the server namespace. (pyroute2
+        sockets are opened one at a time: two open in one thread share an event loop that
+        the first one closed stalls the other.)"""
+        name, peer = self.host_ifname, self.host_peer_ifname
+        self._record("link", name=name, netns=None, peer=peer)
         try:
-            ipr.link("add", ifname=name, kind="veth", peer={"ifname": peer})
-            ipr.link("set", index=_index(ipr, peer), net_ns_fd=peer_ns)
-            _configure(ipr, name, addr)
+            with IPRoute() as ipr:
+                ipr.link("add", ifname=name, kind="veth", peer={"ifname": peer})
+                _move(ipr, peer, self.server_ns)
+                _configure(ipr, name, self.host_addr)
+            with IPRoute(netns=self.server_ns) as ns:
+                _configure(ns, peer, self.server_addr)
         except NetlinkError as exc:
             raise NetemError(f"cannot create veth {name}/{peer}: {exc}") from exc
-        with IPRoute(netns=peer_ns) as ns:
-            _configure(ns, peer, peer_addr)
 
     def _veth_between_namespaces(self, link: GroupLink) -> None:
-        self.state.record(
-            "link", name=link.server_ifname, netns=self.server_ns, peer=link.client_ifname
+        """The group's veth pair: made in the root namespace (recorded there, so a crash
+        before the move leaves something ``clean`` finds), then each end moved into its
+        namespace and configured there."""
+        self._record(
+            "link",
+            name=link.server_ifname,
+            netns=None,
+            peer=link.client_ifname,
+            moved_to=[self.server_ns, link.netns],
         )
         try:
+            with IPRoute() as ipr:
+                ipr.link(
+                    "add", ifname=link.server_ifname, kind="veth",
+                    peer={"ifname": link.client_ifname},
+                )  # fmt: skip
+                _move(ipr, link.client_ifname, link.netns)
+                _move(ipr, link.server_ifname, self.server_ns)
             with IPRoute(netns=self.server_ns) as srv:
-                srv.link(
-                    "add",
-                    ifname=link.server_ifname,
-                    kind="veth",
-                    peer={"ifname": link.client_ifname, "net_ns_fd": link.netns},
-                )
                 _configure(srv, link.server_ifname, link.server_side_addr)
             with IPRoute(netns=link.netns) as cli:
                 _configure(cli, link.client_ifname, link.client_addr)
@@ -194,7 +197,7 @@ class Topology:
     def destroy(self) -> list[str]:
         """Kill what still runs in the run's namespaces, delete the host link and remove the
         namespaces (their interfaces and qdiscs go with them). Returns what was removed."""
-        return destroy_resources(self.state.resources)
+        return destroy_resources(self.state.resources if self.state else [])
 
     def describe(self) -> dict[str, Any]:
         """Facts for ``run.json``."""
@@ -221,6 +224,19 @@ def _index(ipr: IPRoute, ifname: str) -> int:
     if not found:
         raise NetemError(f"interface {ifname} not found")
     return int(found[0])
+
+
+def _move(ipr: IPRoute, ifname: str, netns: str) -> None:
+    """Move interface ``ifname`` into namespace ``netns``. The namespace file is opened here
+    and held open until the kernel answered (pyroute2's own opening of a name was seen to
+    move nothing now and then), and the move is checked."""
+    fd = os.open(NETNS_DIR / netns, os.O_RDONLY)
+    try:
+        ipr.link("set", index=_index(ipr, ifname), net_ns_fd=fd)
+    finally:
+        os.close(fd)
+    if ipr.link_lookup(ifname=ifname):
+        raise NetemError(f"interface {ifname} did not move into {netns}")
 
 
 def _configure(ipr: IPRoute, ifname: str, addr: str) -> None:

@@ -1,0 +1,186 @@
+"""The run's network: topology, shaped links and their measurement, for one scenario.
+
+:func:`plan_network` decides, before anything starts, whether the scenario needs its own
+namespaces (a group names a network profile, ``[server_net]`` is set, or ``[netem] isolate``)
+and moves the target's and proxy's listening address to the server namespace's address.
+:class:`RunNetwork` then builds it (:meth:`RunNetwork.setup`), tells the run where each
+process runs, and releases everything (:meth:`RunNetwork.teardown`); every resource is written
+to the run folder's ``netem-state.json`` before it is created, so ``zerowindow netem clean``
+can remove what a killed run left.
+"""
+
+from __future__ import annotations
+
+import secrets
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from harness._health import free_port
+from harness._scenario import Scenario, ScenarioError
+from netem._links import resolve_profile
+from netem._netns import NetemError, process_start_ticks
+from netem._state import NetemState
+from netem._topology import Topology
+
+
+def _listen_fields(config: Any) -> tuple[str, str] | None:
+    """The (host, port) field names of a target or proxy config that listens, else None."""
+    fields = type(config).model_fields
+    if "host" in fields and "port" in fields:
+        return "host", "port"
+    if "listen_host" in fields and "listen_port" in fields:
+        return "listen_host", "listen_port"
+    return None
+
+
+class RunNetwork:
+    """Namespaces, links and shaping of one run (see the module docstring).
+
+    ``topology`` names and addresses; ``shaping`` the applied shaping per group and direction;
+    ``measured`` the figures measured on each shaped link.
+    """
+
+    def __init__(self, scenario: Scenario, *, run_id: str | None = None) -> None:
+        self.scenario = scenario
+        self.run_id = run_id or secrets.token_hex(3)
+        self.state: NetemState | None = None
+        self.topology = Topology(
+            self.run_id,
+            [g.name for g in scenario.groups],
+            state=None,  # set in setup, before anything is created
+            server_sysctls=scenario.server_net.sysctls() if scenario.server_net else {},
+        )
+        self.shaping: list[Any] = []
+        self.shaping_info: dict[str, Any] = {}
+        self.measured: dict[str, Any] = {}
+        self.errors: list[str] = []
+
+    @property
+    def server_netns(self) -> str:
+        return self.topology.server_ns
+
+    def group_netns(self, group: str) -> str:
+        return self.topology.links[group].netns
+
+    def rewrite(self, scenario: Scenario) -> Scenario:
+        """``scenario`` with the target and proxy listening on the server address (ports
+        chosen now when 0; the server namespace is new, so any port is free there)."""
+        update: dict[str, Any] = {}
+        for key in ("target", "proxy"):
+            config = getattr(scenario, key)
+            fields = _listen_fields(config)
+            if fields is None:
+                continue
+            host, port = fields
+            update[key] = config.model_copy(
+                update={
+                    host: self.topology.server_addr,
+                    port: getattr(config, port) or free_port("127.0.0.1"),
+                }
+            )
+        return scenario.model_copy(update=update)
+
+    # -- life cycle ---------------------------------------------------------------------
+
+    def setup(self, run_dir: Path) -> None:
+        """Create the topology (state file in ``run_dir``), set the server's sysctls, shape
+        and measure the links. Raises :class:`NetemError` (``NetemPermissionError`` without
+        CAP_NET_ADMIN)."""
+        self.state = NetemState(run_dir, self.run_id)
+        self.topology.state = self.state
+        self.topology.create()
+        self._shape()
+
+    def _shape(self) -> None:
+        custom = self.scenario.netem.profiles
+        for group in self.scenario.groups:
+            profile = resolve_profile(group.network_profile, custom)
+            if profile is None:
+                continue
+            link = self.topology.links[group.name]
+            try:
+                from netem._apply import apply_profile  # provided by the shaping backends
+            except ImportError as exc:
+                raise NetemError(
+                    f"group {group.name}: network_profile {group.network_profile!r} needs link "
+                    f"shaping, which this build lacks ({exc})"
+                ) from None
+            info: dict[str, Any] = {"profile": group.network_profile}
+            for direction, netns, ifname in (
+                ("down", self.topology.server_ns, link.server_ifname),
+                ("up", link.netns, link.client_ifname),
+            ):
+                applied = apply_profile(
+                    profile,
+                    netns=netns,
+                    ifname=ifname,
+                    backend=self.scenario.netem.backend,
+                    on_create=self._on_create,
+                )
+                self.shaping.append(applied)
+                info[direction] = {
+                    "ifname": ifname,
+                    "backend": applied.backend,
+                    "reason": applied.reason,
+                }
+            self.shaping_info[group.name] = info
+
+    def _on_create(self, kind: str, **fields: Any) -> None:
+        """Callback of the shaping backends: record a resource before they create it."""
+        assert self.state is not None
+        self.state.record(kind, **fields)
+
+    def record_process(self, proc: subprocess.Popen[bytes] | None, what: str) -> None:
+        """Record a process group the run started (so ``netem clean`` can kill it)."""
+        if self.state is not None and proc is not None:
+            self.state.record(
+                "process",
+                pid=proc.pid,
+                start_ticks=process_start_ticks(proc.pid),
+                group=True,
+                what=what,
+            )
+
+    def teardown(self) -> None:
+        """Release the shaping, then the namespaces and links; mark the state file released.
+        Never raises: problems are kept in ``errors`` (and in ``run.json``)."""
+        for applied in reversed(self.shaping):
+            try:
+                applied.release()
+            except Exception as exc:
+                self.errors.append(f"releasing shaping: {type(exc).__name__}: {exc}")
+        if self.state is None:
+            return
+        try:
+            self.topology.destroy()
+        except Exception as exc:
+            self.errors.append(f"removing the topology: {type(exc).__name__}: {exc}")
+        self.state.finish("released" if not self.errors else "active")
+
+    def describe(self) -> dict[str, Any]:
+        """Facts for ``run.json``: topology, server sysctls, shaping backend per group and
+        direction (and why), requested and measured link figures."""
+        return {
+            **self.topology.describe(),
+            "state_file": str(self.state.path) if self.state else None,
+            "shaping": self.shaping_info,
+            "measured": self.measured,
+            "errors": self.errors,
+        }
+
+
+def plan_network(scenario: Scenario) -> tuple[Scenario, RunNetwork | None]:
+    """The scenario as the run will start it, and its network (``None`` when it needs
+    none). Raises :class:`ScenarioError` for a target the run cannot move into the server
+    namespace (``kind = "url"``, or ``--target-url``)."""
+    if not scenario.needs_topology():
+        return scenario, None
+    if scenario.target.kind == "url":
+        raise ScenarioError(
+            "network profiles and [server_net] need a target the run starts (vllm or sim) "
+            "inside the server's namespace; an already running server (--target-url, "
+            "kind = \"url\") cannot be moved there"
+        )
+    network = RunNetwork(scenario)
+    return network.rewrite(scenario), network
