@@ -180,7 +180,7 @@ def plan_network(scenario: Scenario) -> tuple[Scenario, RunNetwork | None]:
         raise ScenarioError(
             "network profiles and [server_net] need a target the run starts (vllm or sim) "
             "inside the server's namespace; an already running server (--target-url, "
-            "kind = \"url\") cannot be moved there"
+            'kind = "url") cannot be moved there'
         )
     network = RunNetwork(scenario)
     return network.rewrite(scenario), network

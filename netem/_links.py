@@ -44,9 +44,7 @@ def check_profiles(groups: dict[str, str], custom: dict[str, dict[str, Any]]) ->
     for group, name in groups.items():
         if name != NONE and name not in presets and name not in custom:
             valid = ", ".join(sorted([NONE, *presets, *custom]))
-            problems.append(
-                f"group {group}: unknown network_profile {name!r}; valid: {valid}"
-            )
+            problems.append(f"group {group}: unknown network_profile {name!r}; valid: {valid}")
     return problems
 
 
