@@ -19,7 +19,10 @@ from typing import Any
 from harness._health import free_port
 from harness._scenario import Scenario, ScenarioError
 from netem._links import resolve_profile
+from netem._measure import measure_link
 from netem._netns import NetemError, process_start_ticks
+from netem._profiles import LinkProfile
+from netem._shaping import ShapingError, apply_profile, select_backend
 from netem._state import NetemState
 from netem._topology import Topology
 
@@ -89,47 +92,84 @@ class RunNetwork:
         CAP_NET_ADMIN)."""
         self.state = NetemState(run_dir, self.run_id)
         self.topology.state = self.state
+        self.check_shaping()
         self.topology.create()
         self._shape()
 
-    def _shape(self) -> None:
+    def _profiles(self) -> dict[str, LinkProfile]:
+        """The link profile of each shaped group."""
         custom = self.scenario.netem.profiles
+        out = {}
         for group in self.scenario.groups:
             profile = resolve_profile(group.network_profile, custom)
-            if profile is None:
-                continue
-            link = self.topology.links[group.name]
+            if profile is not None:
+                out[group.name] = profile
+        return out
+
+    def check_shaping(self) -> None:
+        """Select a backend for every shaped group before anything is created. Raises
+        :class:`NetemError` naming the group and the missing kernel feature."""
+        for group, profile in self._profiles().items():
             try:
-                from netem._apply import apply_profile  # provided by the shaping backends
-            except ImportError as exc:
-                raise NetemError(
-                    f"group {group.name}: network_profile {group.network_profile!r} needs link "
-                    f"shaping, which this build lacks ({exc})"
-                ) from None
-            info: dict[str, Any] = {"profile": group.network_profile}
-            for direction, netns, ifname in (
-                ("down", self.topology.server_ns, link.server_ifname),
-                ("up", link.netns, link.client_ifname),
-            ):
+                select_backend(
+                    profile, self.topology.links[group].netns, self.scenario.netem.backend
+                )
+            except ShapingError as exc:
+                raise NetemError(f"group {group}: {exc}") from None
+
+    def _shape(self) -> None:
+        """Shape each group's link on its client-side veth end (``up`` on egress, ``down`` on
+        ingress; see :func:`netem.apply_profile`), then measure it through the path."""
+        c = self.scenario.netem
+        for group, profile in self._profiles().items():
+            link = self.topology.links[group]
+            try:
                 applied = apply_profile(
                     profile,
-                    netns=netns,
-                    ifname=ifname,
-                    backend=self.scenario.netem.backend,
+                    netns=link.netns,
+                    ifname=link.client_ifname,
+                    backend=c.backend,
                     on_create=self._on_create,
                 )
-                self.shaping.append(applied)
-                info[direction] = {
-                    "ifname": ifname,
-                    "backend": applied.backend,
-                    "reason": applied.reason,
-                }
-            self.shaping_info[group.name] = info
+            except ShapingError as exc:
+                raise NetemError(f"group {group}: {exc}") from None
+            self.shaping.append(applied)
+            self.shaping_info[group] = applied.record()
+            if c.measure:
+                self.measured[group] = self._measure(group, profile)
 
-    def _on_create(self, kind: str, **fields: Any) -> None:
-        """Callback of the shaping backends: record a resource before they create it."""
+    def _measure(self, group: str, profile: LinkProfile) -> dict[str, Any]:
+        """Requested and measured figures of ``group``'s link (RTT, rate and loss each way)."""
+        link = self.topology.links[group]
+        c = self.scenario.netem
+        try:
+            measured = measure_link(
+                client_netns=link.netns,
+                server_netns=self.topology.server_ns,
+                server_addr=self.topology.server_addr,
+                client_addr=link.client_addr,
+                profile=profile,
+                duration_s=c.measure_duration_s,
+                udp_packets=c.measure_udp_packets,
+                loss=c.measure_udp_packets > 0,
+            ).as_dict()
+        except OSError as exc:
+            raise NetemError(f"group {group}: the shaped link carries no traffic ({exc})") from None
+        return {
+            "requested": {
+                "rtt_ms": profile.rtt_ms,
+                "down_kbit": profile.down.rate_kbit,
+                "up_kbit": profile.up.rate_kbit,
+                "down_loss_pct": profile.down.loss_pct,
+                "up_loss_pct": profile.up.loss_pct,
+            },
+            "measured": measured,
+        }
+
+    def _on_create(self, kind: str, name: str, netns: str | None) -> None:
+        """Callback of the shaping backends: record each resource as it is created."""
         assert self.state is not None
-        self.state.record(kind, **fields)
+        self.state.record("shaping", shaping_kind=kind, name=name, netns=netns)
 
     def record_process(self, proc: subprocess.Popen[bytes] | None, what: str) -> None:
         """Record a process group the run started (so ``netem clean`` can kill it)."""
@@ -147,7 +187,7 @@ class RunNetwork:
         Never raises: problems are kept in ``errors`` (and in ``run.json``)."""
         for applied in reversed(self.shaping):
             try:
-                applied.release()
+                self.errors += [f"releasing shaping: {e}" for e in applied.release()]
             except Exception as exc:
                 self.errors.append(f"releasing shaping: {type(exc).__name__}: {exc}")
         if self.state is None:

@@ -154,7 +154,9 @@ class NetemConfig(_Strict):
 
     ``backend``: shaping backend, ``auto`` (probe once: the kernel's netem qdisc where it
     exists, else the fallback), ``netem`` or ``fallback``. ``measure``: measure each shaped
-    link (RTT, throughput, loss) before the load starts and store the figures in ``run.json``.
+    link (RTT, throughput, loss) before the load starts and store the figures in ``run.json``
+    (``measure_duration_s`` of bulk transfer each way, ``measure_udp_packets`` datagrams each
+    way for loss).
     ``isolate``: give every group its own namespace and link even when no group names a
     network profile. ``profiles``: link profiles of this scenario by name
     (``[netem.profiles.my-link]`` with the fields of a link profile), usable as a group's
@@ -163,6 +165,8 @@ class NetemConfig(_Strict):
 
     backend: Literal["auto", "netem", "fallback"] = "auto"
     measure: bool = True
+    measure_duration_s: float = Field(2.0, gt=0, description="bulk transfer each way, s")
+    measure_udp_packets: int = Field(300, ge=0, description="UDP datagrams each way; 0: no loss")
     isolate: bool = False
     profiles: dict[str, dict[str, Any]] = {}
 

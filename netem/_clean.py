@@ -22,6 +22,8 @@ from typing import Any
 from pyroute2 import IPRoute
 
 from netem._netns import PREFIX, list_netns, process_alive, require_net_admin
+from netem._nsexec import NetnsError
+from netem._resources import delay_line_processes, kill_delay_line, leftovers, remove_resource
 from netem._state import RUNTIME_DIR, STATE_NAME, owner_alive, read_state
 from netem._topology import destroy_resources
 
@@ -101,23 +103,6 @@ def _remove_root_qdisc(res: dict[str, Any]) -> bool:
     return True
 
 
-def tagged_processes() -> list[tuple[int, str]]:
-    """(pid, tag) of processes whose command line carries ``--tag zw-...`` (the toolkit's
-    helper processes, such as the delay line, name the resource they serve that way)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        for i, arg in enumerate(argv[:-1]):
-            if arg == b"--tag" and argv[i + 1].startswith(PREFIX.encode()):
-                found.append((int(entry.name), argv[i + 1].decode(errors="replace")))
-    return found
-
-
 def clean_state(state: dict[str, Any]) -> list[str]:
     """Release everything one state file names: processes first, then nftables tables and
     qdiscs in the root namespace, then links and namespaces. Returns what was removed."""
@@ -126,6 +111,15 @@ def clean_state(state: dict[str, Any]) -> list[str]:
     for res in resources:
         if res.get("kind") == "process" and _kill_process(res):
             removed.append(f"process {res['pid']} ({res.get('what', '')})".rstrip(" ()"))
+    # Shaping resources (delay lines first: a process keeps its namespace alive).
+    shaping = [r for r in resources if r.get("kind") == "shaping"]
+    shaping.sort(key=lambda r: r.get("shaping_kind") != "process")
+    for res in shaping:
+        try:
+            if remove_resource(res["shaping_kind"], res["name"], res.get("netns")):
+                removed.append(f"{res['shaping_kind']} {res['name']}")
+        except (NetnsError, OSError, ValueError):
+            pass  # its namespace goes below, and everything in it
     for res in resources:
         if res.get("kind") == "nft_table" and res.get("netns") is None:
             if _delete_nft_table(res.get("family", "inet"), res["name"]):
@@ -149,6 +143,7 @@ def clean(
     require_net_admin("zerowindow netem clean")
     report = CleanReport()
     live: set[str] = set()
+    live_names: set[str] = set()  # resources (and delay-line tags) of live runs
     for path in _state_files(results):
         state = read_state(path)
         if state is None or state.get("status") == "cleaned":
@@ -158,6 +153,9 @@ def clean(
             continue
         if owner_alive(state) and not force:
             live.add(rid)
+            for res in state.get("resources", []):
+                name = str(res.get("name", ""))
+                live_names.update({name, name.partition(" ")[2]})
             continue
         if state.get("status") != "released":
             report.removed += clean_state(state)
@@ -184,13 +182,20 @@ def clean(
             if wanted(name):
                 ipr.link("del", index=link["index"])
                 report.removed.append(f"link {name}")
-    for pid, tag in tagged_processes():
-        if wanted(tag):
+    # Delay lines and host-side shaping named by a shaping tag (zw-<hash>) rather than a run
+    # id: removed unless a live run recorded them, and only in a sweep of all runs.
+    if run_id is None:
+        for kind, name, netns in leftovers(PREFIX, namespaces=[None]):
+            if name in live_names:
+                continue
             try:
-                os.kill(pid, signal.SIGKILL)
-                report.removed.append(f"process {pid} ({tag})")
-            except (ProcessLookupError, PermissionError):
+                if remove_resource(kind, name, netns):
+                    report.removed.append(f"{kind} {name}")
+            except (NetnsError, OSError):
                 pass
+        for pid, tag in delay_line_processes(PREFIX):
+            if tag not in live_names and kill_delay_line(pid, tag):
+                report.removed.append(f"delay line {pid} ({tag})")
     for family, name in _nft_tables():
         if wanted(name) and _delete_nft_table(family, name):
             report.removed.append(f"nft table {name}")
