@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
 
 from netem._netns import PREFIX, list_netns, process_alive, require_net_admin
 from netem._nsexec import NetnsError
@@ -110,7 +111,7 @@ def clean_state(state: dict[str, Any]) -> list[str]:
     resources = list(state.get("resources", []))
     for res in resources:
         if res.get("kind") == "process" and _kill_process(res):
-            removed.append(f"process {res['pid']} ({res.get('what', '')})".rstrip(" ()"))
+            removed.append(f"process {res['pid']} ({res.get('what') or 'run process'})")
     # Shaping resources (delay lines first: a process keeps its namespace alive).
     shaping = [r for r in resources if r.get("kind") == "shaping"]
     shaping.sort(key=lambda r: r.get("shaping_kind") != "process")
@@ -130,6 +131,14 @@ def clean_state(state: dict[str, Any]) -> list[str]:
     return removed
 
 
+def _mark_cleaned(path: Path, state: dict[str, Any]) -> None:
+    if path.parent == RUNTIME_DIR:
+        path.unlink(missing_ok=True)
+    else:
+        state["status"] = "cleaned"
+        path.write_text(json.dumps(state, indent=2) + "\n")
+
+
 def clean(
     *, results: Path | None = Path("results"), run_id: str | None = None, force: bool = False
 ) -> CleanReport:
@@ -144,12 +153,16 @@ def clean(
     report = CleanReport()
     live: set[str] = set()
     live_names: set[str] = set()  # resources (and delay-line tags) of live runs
+    done: set[str] = set()
     for path in _state_files(results):
         state = read_state(path)
         if state is None or state.get("status") == "cleaned":
             continue
         rid = str(state["run_id"])
         if run_id is not None and rid != run_id:
+            continue
+        if rid in done:  # the run folder's copy of a runtime state file already cleaned
+            _mark_cleaned(path, state)
             continue
         if owner_alive(state) and not force:
             live.add(rid)
@@ -160,11 +173,8 @@ def clean(
         if state.get("status") != "released":
             report.removed += clean_state(state)
         report.state_files.append(str(path))
-        if path.parent == RUNTIME_DIR:
-            path.unlink(missing_ok=True)
-        else:
-            state["status"] = "cleaned"
-            path.write_text(json.dumps(state, indent=2) + "\n")
+        done.add(rid)
+        _mark_cleaned(path, state)
 
     def wanted(name: str) -> bool:
         rid = run_id_of(name)
@@ -180,7 +190,10 @@ def clean(
         for link in ipr.get_links():
             name = link.get("ifname") or ""
             if wanted(name):
-                ipr.link("del", index=link["index"])
+                try:
+                    ipr.link("del", index=link["index"])
+                except NetlinkError:
+                    continue  # gone with its veth peer
                 report.removed.append(f"link {name}")
     # Delay lines and host-side shaping named by a shaping tag (zw-<hash>) rather than a run
     # id: removed unless a live run recorded them, and only in a sweep of all runs.
