@@ -170,6 +170,16 @@ class NetemConfig(_Strict):
     isolate: bool = False
     profiles: dict[str, dict[str, Any]] = {}
 
+    @field_validator("profiles")
+    @classmethod
+    def _valid_profiles(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        from netem._links import check_profiles
+
+        problems = check_profiles({}, value)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return value
+
 
 class Scenario(_Strict):
     """A whole experiment. ``proxy`` stands between the clients and the target (default: none).
@@ -193,9 +203,8 @@ class Scenario(_Strict):
     def _known_network_profiles(self) -> Scenario:
         from netem._links import check_profiles
 
-        problems = check_profiles(
-            {g.name: g.network_profile for g in self.groups}, self.netem.profiles
-        )
+        groups = {g.name: g.network_profile for g in self.groups}
+        problems = check_profiles(groups, self.netem.profiles)
         if problems:
             raise ValueError("; ".join(problems))
         return self
