@@ -7,8 +7,10 @@ process of identical users with one read behaviour), and collector and verdict s
 
 from __future__ import annotations
 
+import difflib
 import re
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -17,11 +19,17 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PlainSerializer,
+    PlainValidator,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
+from harness._figures import figure_names
+from harness._gates import Gate, GateSyntaxError, parse_gate, unknown_figures
 from harness._proxies import NoProxyConfig, ProxyConfig
 from harness._sim import SimConfig
 from loadgen import UserGroupConfig
@@ -181,6 +189,19 @@ class NetemConfig(_Strict):
         return value
 
 
+def _gate(value: Any) -> Gate:
+    if isinstance(value, Gate):
+        return value
+    try:
+        return parse_gate(value)
+    except GateSyntaxError as exc:
+        raise PydanticCustomError("gate_syntax", "{reason}", {"reason": str(exc)}) from None
+
+
+# A gate in a scenario: written and read as its text, held parsed (see harness._gates).
+GateField = Annotated[Gate, PlainValidator(_gate), PlainSerializer(str, return_type=str)]
+
+
 class Scenario(_Strict):
     """A whole experiment. ``proxy`` stands between the clients and the target (default: none).
     ``max_duration_s`` bounds the load phase; ``cooldown_s`` is how long the collectors keep
@@ -196,6 +217,34 @@ class Scenario(_Strict):
     groups: list[UserGroupConfig] = Field(min_length=1)
     collectors: CollectorConfig = CollectorConfig()
     verdict: VerdictConfig = VerdictConfig()
+    gates: list[GateField] = Field(
+        [], description="SLO gates such as 'fast.ttft_p99_ms <= 800' (see harness._gates)"
+    )
+
+    @field_validator("gates")
+    @classmethod
+    def _known_figures(cls, gates: list[Gate], info: ValidationInfo) -> list[Gate]:
+        groups = info.data.get("groups")
+        if groups is None:  # the groups did not validate: that error is reported instead
+            return gates
+        valid = figure_names(g.name for g in groups)
+        for gate in unknown_figures(gates, valid):
+            close = difflib.get_close_matches(gate.figure, valid, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise PydanticCustomError(
+                "unknown_figure",
+                "gate {quoted_gate}: unknown figure {figure}{hint}; valid figures: {valid}",
+                {
+                    "gate": gate.text,
+                    "quoted_gate": repr(gate.text),
+                    "figure": repr(gate.figure),
+                    "hint": hint,
+                    "valid": ", ".join(valid),
+                    "gate_index": gates.index(gate),
+                },
+            )
+        return gates
+
     netem: NetemConfig = NetemConfig()
     server_net: ServerNetConfig | None = None
 
@@ -263,6 +312,15 @@ def _find_line(lines: list[str], loc: tuple[int | str, ...]) -> int | None:
     return line_no
 
 
+def _find_text(lines: list[str], start: int, text: str) -> int | None:
+    """The first line (1-based) from line ``start`` on that holds the TOML string ``text``."""
+    quoted = [f'"{text}"', f"'{text}'", text]
+    for i in range(start - 1, len(lines)):
+        if any(q in lines[i] for q in quoted):
+            return i + 1
+    return None
+
+
 def _format_errors(path: Path, text: str, error: ValidationError) -> str:
     lines = text.splitlines()
     out = []
@@ -273,13 +331,20 @@ def _format_errors(path: Path, text: str, error: ValidationError) -> str:
             for i, p in enumerate(raw)
             if not (i > 0 and raw[i - 1] in _UNIONS and p in _UNION_TAGS)
         )
+        ctx = err.get("ctx") or {}
+        if "gate_index" in ctx:  # a gate's error raised for the whole list: point at the gate
+            loc = (*loc, ctx["gate_index"])
+            err["input"] = ctx["gate"]
         field = ".".join(str(p) for p in loc) or "(top level)"
         # A missing field is not in the text: point at the table that lacks it.
         line = _find_line(lines, loc[:-1] if err["type"] == "missing" else loc)
+        if loc and isinstance(loc[-1], int) and isinstance(err.get("input"), str) and line:
+            # An item of an inline array: the line that holds its text.
+            line = _find_text(lines, line, err["input"]) or line
         where = f"{path}:{line}" if line else str(path)
         got = ""
         if (
-            err["type"] not in ("missing",)
+            err["type"] not in ("missing", "gate_syntax", "unknown_figure")
             and "input" in err
             and not isinstance(err["input"], dict | list)
         ):
@@ -306,8 +371,23 @@ _UNION_TAGS = {
 }
 
 
-def parse_scenario(text: str, *, path: Path) -> Scenario:
-    """Validate the TOML ``text`` of the scenario file ``path``.
+def _merge(data: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` with ``overrides`` merged in: tables merge key by key, other values replace."""
+    out = dict(data)
+    for key, value in overrides.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def parse_scenario(
+    text: str, *, path: Path, overrides: Mapping[str, Any] | None = None
+) -> Scenario:
+    """Validate the TOML ``text`` of the scenario file ``path``, with ``overrides`` (nested
+    tables as dicts, e.g. ``{"target": {"engine": {"kv_release": "on_finish"}}}``) merged in
+    first.
 
     Raises :class:`ScenarioError` naming file, line and field for TOML syntax errors and for
     every validation problem.
@@ -316,14 +396,16 @@ def parse_scenario(text: str, *, path: Path) -> Scenario:
         data: dict[str, Any] = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"{path}: not valid TOML: {exc}") from None
+    if overrides:
+        data = _merge(data, overrides)
     try:
         return Scenario.model_validate(data)
     except ValidationError as exc:
         raise ScenarioError(_format_errors(path, text, exc)) from None
 
 
-def load_scenario(path: str | Path) -> Scenario:
-    """Read and validate a scenario file.
+def load_scenario(path: str | Path, *, overrides: Mapping[str, Any] | None = None) -> Scenario:
+    """Read and validate a scenario file (``overrides``: see :func:`parse_scenario`).
 
     Raises :class:`ScenarioError` (see :func:`parse_scenario`), also when the file cannot be read.
     """
@@ -336,4 +418,4 @@ def load_scenario(path: str | Path) -> Scenario:
         raise ScenarioError(
             f"{path}: not a UTF-8 text file (byte {exc.start}: {exc.reason})"
         ) from None
-    return parse_scenario(text, path=path)
+    return parse_scenario(text, path=path, overrides=overrides)

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 
-from harness._console import print_summary
+from harness._baseline import BaselineError, save_baseline
+from harness._console import print_gates, print_summary
+from harness._progress import RunProgress
 from harness._run import EXIT_SETUP, run_scenario
 from harness._scenario import ScenarioError, load_scenario
+from harness._step_summary import ENV as STEP_SUMMARY_ENV
+from harness._step_summary import append_setup_error, append_step_summary
 
 app = typer.Typer(
     help="Chaos and load testing for LLM streaming servers.",
@@ -24,6 +28,19 @@ netem_app = typer.Typer(
     help="Network namespaces and shaped links (needs CAP_NET_ADMIN).", no_args_is_help=True
 )
 app.add_typer(netem_app, name="netem")
+baseline_app = typer.Typer(help="Baselines for relative gates.", no_args_is_help=True)
+app.add_typer(baseline_app, name="baseline")
+
+
+def _setup_error(scenario: Path, title: str, detail: str) -> NoReturn:
+    """Report an error that stops `run` before it starts (stderr and, under GitHub Actions,
+    the job summary) and exit 2."""
+    typer.echo(f"{title}\n{detail}", err=True)
+    try:
+        append_setup_error(scenario, title, detail)
+    except OSError as exc:
+        typer.echo(f"cannot append to ${STEP_SUMMARY_ENV}: {exc}", err=True)
+    raise typer.Exit(EXIT_SETUP)
 
 
 @app.command()
@@ -35,23 +52,85 @@ def run(
     out: Annotated[Path, typer.Option(help="folder that receives the run folders")] = Path(
         "results"
     ),
+    baseline: Annotated[
+        Path | None,
+        typer.Option(
+            help="baseline file for gates that refer to 'baseline' "
+            "(default: results/baselines/<scenario>.json)"
+        ),
+    ] = None,
+    no_baseline: Annotated[
+        bool,
+        typer.Option(
+            "--no-baseline",
+            help="load no baseline: gates that refer to 'baseline' are reported as skipped "
+            "(a scenario's first run, to save with `zerowindow baseline save`)",
+        ),
+    ] = False,
+    progress: Annotated[
+        bool, typer.Option(help="live progress (plain lines when stdout is not a terminal)")
+    ] = True,
 ) -> None:
-    """Run SCENARIO and write results/<scenario>/<UTC timestamp>/."""
+    """Run SCENARIO and write results/<scenario>/<UTC timestamp>/.
+
+    Exit code: 0 complete and every gate passed, 1 a gate failed or the run failed, 2 invalid
+    scenario or set-up error (missing baseline, target did not start), 130 interrupted.
+    Writes junit.xml into the run folder; appends a Markdown summary to $GITHUB_STEP_SUMMARY
+    when it is set."""
+    if baseline is not None and no_baseline:
+        _setup_error(
+            scenario, "invalid arguments", "--baseline and --no-baseline exclude each other"
+        )
     try:
         config = load_scenario(scenario)
     except ScenarioError as exc:
-        typer.echo(f"invalid scenario\n{exc}", err=True)
-        raise typer.Exit(EXIT_SETUP) from None
+        _setup_error(scenario, "invalid scenario", str(exc))
     try:
-        result = run_scenario(config, scenario_path=scenario, out_root=out, target_url=target_url)
+        result = run_scenario(
+            config,
+            scenario_path=scenario,
+            out_root=out,
+            target_url=target_url,
+            baseline=baseline,
+            use_baseline=not no_baseline,
+            progress=RunProgress() if progress else None,
+        )
     except ScenarioError as exc:
-        typer.echo(f"invalid argument\n{exc}", err=True)
-        raise typer.Exit(EXIT_SETUP) from None
+        _setup_error(scenario, "invalid argument", str(exc))
+    except BaselineError as exc:
+        _setup_error(scenario, "cannot load the baseline", str(exc))
     except OSError as exc:
-        typer.echo(f"cannot create the run folder under {out}: {exc.strerror}", err=True)
-        raise typer.Exit(EXIT_SETUP) from None
+        _setup_error(scenario, "cannot create the run folder", f"under {out}: {exc.strerror}")
     print_summary(result.summary, run_dir=str(result.run_dir))
+    print_gates(result.gates, exit_code=result.exit_code)
+    try:
+        append_step_summary(
+            result.summary, result.gates, run_dir=result.run_dir, exit_code=result.exit_code
+        )
+    except OSError as exc:
+        typer.echo(f"cannot append to ${STEP_SUMMARY_ENV}: {exc}", err=True)
     raise typer.Exit(result.exit_code)
+
+
+@baseline_app.command("save")
+def baseline_save(
+    run_dir: Annotated[Path, typer.Argument(help="run folder (results/<scenario>/<stamp>)")],
+    to: Annotated[
+        Path | None,
+        typer.Option(help="file to write (default: results/baselines/<scenario>.json)"),
+    ] = None,
+    allow_incomplete: Annotated[
+        bool,
+        typer.Option("--allow-incomplete", help="save even if the run failed or was interrupted"),
+    ] = False,
+) -> None:
+    """Save the figures of RUN_DIR as the baseline of its scenario."""
+    try:
+        path = save_baseline(run_dir, to, allow_incomplete=allow_incomplete)
+    except BaselineError as exc:
+        typer.echo(f"cannot save the baseline\n{exc}", err=True)
+        raise typer.Exit(EXIT_SETUP) from None
+    typer.echo(f"baseline written to {path}")
 
 
 @model_app.command("tiny")

@@ -54,7 +54,9 @@ def test_socket_sampler_rows_have_the_documented_columns():
     sampler = SocketSampler({port}, interval_s=0.05)
     try:
         sampler.start()
-        time.sleep(0.5)
+        deadline = time.monotonic() + 15  # a busy machine: give the thread time
+        while len(sampler.rows) < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
     finally:
         sampler.stop()
         for s in (conn, client, server):
