@@ -118,8 +118,11 @@ def test_100ms_delay_gives_100ms_tcp_rtt(link: NsPair):
         m = _measure(link, shaping.profile, throughput=False, loss=False, rtt_samples=30)
     finally:
         assert shaping.release() == []
+    # rtt_ms is the kernel's own RTT of the probe connection (tcpi_rtt); the probe's own round
+    # trips include its scheduling delays on a loaded machine, so only their minimum is held to
+    # the same bound.
     assert 85 <= m.rtt_ms <= 115, m  # type: ignore[attr-defined]
-    assert 85 <= m.tcpi_rtt_ms <= 115, m  # type: ignore[attr-defined]
+    assert 85 <= m.app_rtt_min_ms <= 115, m  # type: ignore[attr-defined]
     # and the unshaped link is back to sub-millisecond
     m0 = _measure(link, LinkProfile(), throughput=False, loss=False)
     assert m0.rtt_ms < 10, m0  # type: ignore[attr-defined]
@@ -180,7 +183,8 @@ def test_release_removes_every_qdisc_table_chain_and_process(link: NsPair):
         assert any("numgen random" in t for t in state.nft_tables.values())
         assert shaping.record()["backend"] == shaping.backend
         m = _measure(link, p, throughput=False, loss=False)
-        assert 30 <= m.rtt_ms <= 60, m  # type: ignore[attr-defined]
+        # 20 + 20 ms, jitter +/- (5 + 0) ms; the 1 % loss can stretch the kernel's smoothed RTT
+        assert 30 <= m.app_rtt_min_ms <= 50, m  # type: ignore[attr-defined]
     finally:
         assert shaping.release() == []
     assert shaping.release() == []  # idempotent
