@@ -41,8 +41,6 @@ from netem._resources import (
     DELAYLINE_MODULE,
     INGRESS_HANDLE,
     ROOT_HANDLE,
-    TC_H_INGRESS,
-    TC_H_ROOT,
     kill_delay_line,
     remove_resource,
 )
