@@ -142,6 +142,12 @@ def serve(args: argparse.Namespace) -> int:
     sock = socket.fromfd(fd, socket.AF_NETLINK, socket.SOCK_RAW)
     parent = os.getppid()
     print(f"READY {num}", flush=True)
+    # From here on nobody reads the pipe the launcher gave us: send output to the log (or
+    # nowhere) so a burst of messages can never block the line on a full pipe.
+    out = os.open(args.log or os.devnull, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.close(out)
     next_parent_check = time.monotonic() + _PARENT_CHECK_S
     try:
         while not stop:
@@ -181,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reorder-pct", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--tag", required=True, help="zw- name of the shaping this line belongs to")
+    p.add_argument("--log", default=None, help="file for messages after start-up")
     args = p.parse_args(argv)
     try:
         return serve(args)

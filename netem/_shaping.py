@@ -78,6 +78,7 @@ class AppliedShaping:
     ifname: str
     tag: str
     created: list[tuple[str, str]] = field(default_factory=list)
+    log_dir: Path | None = None
     _procs: dict[str, subprocess.Popen[str]] = field(default_factory=dict, repr=False)
     _released: bool = field(default=False, repr=False)
 
@@ -340,6 +341,7 @@ class FallbackBackend:
             sys.executable, "-m", DELAYLINE_MODULE, "--queue", str(first_queue),
             "--delay-ms", str(d.delay_ms), "--jitter-ms", str(d.jitter_ms),
             "--reorder-pct", str(d.reorder_pct), "--tag", tag,
+            *(["--log", str(a.s.log_dir / f"{tag}.log")] if a.s.log_dir else []),
         ])
         env = dict(os.environ)
         pkg_root = str(Path(__file__).resolve().parent.parent)
@@ -357,6 +359,7 @@ class FallbackBackend:
             proc.kill()
             rest = proc.stdout.read() if proc.poll() is not None else ""
             raise ShapingError(f"delay line for {tag} did not start: {line} {rest}".strip())
+        proc.stdout.close()
         return int(line.split()[1])
 
 
@@ -413,18 +416,20 @@ def apply_profile(
     ifname: str,
     backend: str = "auto",
     on_create: OnCreate | None = None,
+    log_dir: Path | None = None,
 ) -> AppliedShaping:
     """Shape the link whose client-side interface is ``ifname`` in ``netns`` (None: host).
 
     ``profile.up`` goes on the interface's egress and ``profile.down`` on its ingress. ``backend``
     is ``"auto"``, ``"netem"`` or ``"fallback"``. ``on_create(kind, name, netns)`` is called right
-    after each resource exists (for a state file). Raises :class:`ShapingUnsupported` before
-    anything is created when the profile cannot be honoured, and :class:`ShapingError` when
-    applying fails (what was created is removed again first).
+    after each resource exists (for a state file). A delay line writes its messages after start-up
+    to ``log_dir/<tag>.log`` when ``log_dir`` is given (e.g. the run folder). Raises
+    :class:`ShapingUnsupported` before anything is created when the profile cannot be honoured,
+    and :class:`ShapingError` when applying fails (what was created is removed again first).
     """
     b, reason = select_backend(profile, netns, backend)
     shaping = AppliedShaping(backend=b.kind, reason=reason, profile=profile, netns=netns,
-                             ifname=ifname, tag=shaping_tag(netns, ifname))
+                             ifname=ifname, tag=shaping_tag(netns, ifname), log_dir=log_dir)
     if profile.is_empty:
         shaping.reason += "; profile is empty, nothing applied"
         return shaping

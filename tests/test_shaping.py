@@ -147,6 +147,30 @@ def test_5pct_loss_gives_3_to_7pct(link: NsPair):
     _nothing_left(link)
 
 
+def test_3g_preset_measures_as_requested(link: NsPair, tmp_path: Path):
+    p = preset("3g")  # RTT 300 ms, 700 kbit/s each way
+    with apply_profile(p, netns=link.client_ns, ifname=link.client_if,
+                       log_dir=tmp_path) as shaping:
+        m = _measure(link, p, loss=False, duration_s=3.0, rtt_samples=10)
+        assert shaping.alive()
+    assert 255 <= m.rtt_ms <= 345, m  # type: ignore[attr-defined]
+    for got in (m.down_kbit, m.up_kbit):  # type: ignore[attr-defined]
+        assert got is not None and 0.85 * 700 <= got <= 1.15 * 700, m
+    logs = [f.name for f in tmp_path.iterdir()]
+    assert logs == [f"zw-dl-{shaping.tag[3:]}-down.log"]
+    _nothing_left(link)
+
+
+def test_netem_backend_options_use_tc_units():
+    from netem._shaping import NetemBackend
+
+    o = NetemBackend.options(DirectionProfile(delay_ms=150, jitter_ms=20, loss_pct=1.5,
+                                              rate_kbit=700, reorder_pct=5, corrupt_pct=0.1))
+    assert o["delay"] == 150_000 and o["jitter"] == 20_000  # microseconds
+    assert o["loss"] == 1.5 and o["prob_reorder"] == 5 and o["prob_corrupt"] == 0.1
+    assert o["rate"] == "700000bit"
+
+
 # --- failure before applying, release, clean ---------------------------------------------------
 
 
