@@ -126,9 +126,11 @@ class AppliedShaping:
 class _Applier:
     """Creates resources for one AppliedShaping, recording each right after it exists."""
 
-    def __init__(self, shaping: AppliedShaping, on_create: OnCreate | None) -> None:
+    def __init__(self, shaping: AppliedShaping, on_create: OnCreate | None,
+                 features: KernelFeatures) -> None:
         self.s = shaping
         self.on_create = on_create
+        self.features = features
 
     @property
     def netns(self) -> str | None:
@@ -271,7 +273,7 @@ class FallbackBackend:
         return list(dict.fromkeys(out))
 
     def apply(self, profile: LinkProfile, a: _Applier) -> None:
-        f = probe_kernel()
+        f = a.features
         ifname = a.s.ifname
         up, down = profile.up, profile.down
         use_nft = f.nft_numgen
@@ -417,6 +419,7 @@ def apply_profile(
     backend: str = "auto",
     on_create: OnCreate | None = None,
     log_dir: Path | None = None,
+    features: KernelFeatures | None = None,
 ) -> AppliedShaping:
     """Shape the link whose client-side interface is ``ifname`` in ``netns`` (None: host).
 
@@ -426,15 +429,18 @@ def apply_profile(
     to ``log_dir/<tag>.log`` when ``log_dir`` is given (e.g. the run folder). Raises
     :class:`ShapingUnsupported` before anything is created when the profile cannot be honoured,
     and :class:`ShapingError` when applying fails (what was created is removed again first).
+    ``features`` replaces the probed :class:`~netem.KernelFeatures` (a caller that probed already,
+    or a test that hides a feature to exercise the alternative path).
     """
-    b, reason = select_backend(profile, netns, backend)
+    f = features or probe_kernel()
+    b, reason = select_backend(profile, netns, backend, f)
     shaping = AppliedShaping(backend=b.kind, reason=reason, profile=profile, netns=netns,
                              ifname=ifname, tag=shaping_tag(netns, ifname), log_dir=log_dir)
     if profile.is_empty:
         shaping.reason += "; profile is empty, nothing applied"
         return shaping
     try:
-        b.apply(profile, _Applier(shaping, on_create))
+        b.apply(profile, _Applier(shaping, on_create, f))
     except BaseException as e:
         errors = shaping.release()
         extra = f" (and clean-up failed: {'; '.join(errors)})" if errors else ""

@@ -171,6 +171,23 @@ def test_netem_backend_options_use_tc_units():
     assert o["rate"] == "700000bit"
 
 
+def test_loss_through_iptables_statistic_when_nft_is_missing(link: NsPair):
+    import dataclasses
+
+    f = dataclasses.replace(probe_kernel(), nft_numgen=False)
+    if not f.iptables_statistic:
+        pytest.skip("no iptables statistic match here")
+    p = LinkProfile(down=DirectionProfile(loss_pct=5), up=DirectionProfile(loss_pct=5))
+    with apply_profile(p, netns=link.client_ns, ifname=link.client_if, features=f) as shaping:
+        # the chains, and iptables-nft's own "ip mangle" table when it made it just now
+        assert {k for k, _ in shaping.created} >= {"iptables-chain"}
+        assert {n for k, n in shaping.created if k == "nft-table"} <= {"ip mangle"}
+        m = _measure(link, p, throughput=False, udp_packets=4000)
+    for got in (m.down_loss_pct, m.up_loss_pct):  # type: ignore[attr-defined]
+        assert got is not None and 3.0 <= got <= 7.0, m
+    _nothing_left(link)
+
+
 # --- failure before applying, release, clean ---------------------------------------------------
 
 
