@@ -63,7 +63,7 @@ def test_presets_name_their_source_and_validate():
     for name, p in PRESETS.items():
         assert p.name == name and p.source, name
         assert p.down.rate_kbit and p.up.rate_kbit and p.rtt_ms > 0
-    assert preset("GEO_satellite").rtt_ms == 560
+    assert preset("GEO_satellite").rtt_ms == 540
     with pytest.raises(UnknownPreset, match="presets: .*3g"):
         preset("5g-mmwave")
 
