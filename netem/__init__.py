@@ -1,4 +1,4 @@
-"""What the network does: shaped links (profiles, backends, measurement), socket and wire observation."""
+"""What the network does: shaped links (profiles, backends, measurement), sockets, the wire."""
 
 from netem._measure import LinkMeasurement, measure_link
 from netem._nsexec import NetnsError

@@ -111,8 +111,9 @@ PRESETS: dict[str, LinkProfile] = {
         down=dict(delay_ms=22.5, jitter_ms=2.5, loss_pct=0.2, rate_kbit=100_000),
         up=dict(delay_ms=22.5, jitter_ms=7.5, loss_pct=0.2, rate_kbit=50_000),
     ),
-    # 3G. Lighthouse's "mobileRegular3G" throttling (the figures Chrome DevTools' throttling was
-    # calibrated on): RTT 300 ms, 700 kbit/s down and up, no loss
+    # 3G. Lighthouse's "mobileRegular3G" throttling: rttMs 300, throughputKbps 700 both ways, no
+    # loss; its comment: aligned with Chrome UX Report's 3G (HTTP RTT 300-1400 ms, downlink
+    # < 700 kbps) and partly with WebPageTest's "Regular 3G"
     # (GoogleChrome/lighthouse, core/config/constants.js, throttling.mobileRegular3G).
     "3g": _p(
         "3g",
@@ -140,16 +141,16 @@ PRESETS: dict[str, LinkProfile] = {
         down=dict(delay_ms=100, jitter_ms=50, loss_pct=0.5, rate_kbit=2_000),
         up=dict(delay_ms=100, jitter_ms=50, loss_pct=0.5, rate_kbit=1_000),
     ),
-    # Geostationary satellite: one-way propagation through a GEO hop (35 786 km) is about 260 ms,
-    # 240-270 ms depending on the ground stations' positions, so RTT is ~ 520-560 ms (ITU-T G.114
-    # (05/2003) Appendix on satellite delay); rates from Loadero's row "Satellite phone":
-    # 1000 kbit/s in, 256 kbit/s out, latency 600 ms.
+    # Geostationary satellite: propagation through a GEO hop (35 786 km) takes about 240-270 ms
+    # one way, 500-540 ms round trip (summary at probsee.com/p/satellite_delay; ITU-T G.114
+    # (05/2003) lists one-way delay by orbit altitude); the top of that range is taken. Rates:
+    # Loadero's table, row "Satellite phone": 1000 kbit/s in, 256 kbit/s out (latency 600 ms).
     "geo-satellite": _p(
         "geo-satellite",
-        "ITU-T G.114 satellite delay (GEO one-way ~260-280 ms); rates: Loadero network "
-        "conditions, row Satellite phone (wiki.loadero.com)",
-        down=dict(delay_ms=280, rate_kbit=1_000),
-        up=dict(delay_ms=280, rate_kbit=256),
+        "GEO one-way propagation 240-270 ms (probsee.com/p/satellite_delay, ITU-T G.114); "
+        "rates: Loadero network conditions, row Satellite phone (wiki.loadero.com)",
+        down=dict(delay_ms=270, rate_kbit=1_000),
+        up=dict(delay_ms=270, rate_kbit=256),
     ),
 }
 

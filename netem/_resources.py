@@ -79,6 +79,12 @@ def remove_resource(kind: str, name: str, netns: str | None) -> bool:
         return True
     if kind == "nft-table":
         family, _, table = name.partition(" ")
+        if name == "ip mangle":
+            # iptables-nft's table, made when our first chain went in: removed only once no
+            # chain or rule of anyone is left in it (another shaping may still use it).
+            listing = run(netns, ["iptables", "-t", "mangle", "-S"], check=False)
+            if any(not ln.startswith("-P ") for ln in listing.stdout.splitlines() if ln):
+                return False
         res = run(netns, ["nft", "delete", "table", family, table], check=False)
         if res.returncode != 0:
             if "No such file" in res.stderr:

@@ -41,8 +41,6 @@ from netem._resources import (
     DELAYLINE_MODULE,
     INGRESS_HANDLE,
     ROOT_HANDLE,
-    TC_H_INGRESS,
-    TC_H_ROOT,
     kill_delay_line,
     remove_resource,
 )
@@ -80,6 +78,7 @@ class AppliedShaping:
     ifname: str
     tag: str
     created: list[tuple[str, str]] = field(default_factory=list)
+    log_dir: Path | None = None
     _procs: dict[str, subprocess.Popen[str]] = field(default_factory=dict, repr=False)
     _released: bool = field(default=False, repr=False)
 
@@ -127,9 +126,11 @@ class AppliedShaping:
 class _Applier:
     """Creates resources for one AppliedShaping, recording each right after it exists."""
 
-    def __init__(self, shaping: AppliedShaping, on_create: OnCreate | None) -> None:
+    def __init__(self, shaping: AppliedShaping, on_create: OnCreate | None,
+                 features: KernelFeatures) -> None:
         self.s = shaping
         self.on_create = on_create
+        self.features = features
 
     @property
     def netns(self) -> str | None:
@@ -272,7 +273,7 @@ class FallbackBackend:
         return list(dict.fromkeys(out))
 
     def apply(self, profile: LinkProfile, a: _Applier) -> None:
-        f = probe_kernel()
+        f = a.features
         ifname = a.s.ifname
         up, down = profile.up, profile.down
         use_nft = f.nft_numgen
@@ -342,6 +343,7 @@ class FallbackBackend:
             sys.executable, "-m", DELAYLINE_MODULE, "--queue", str(first_queue),
             "--delay-ms", str(d.delay_ms), "--jitter-ms", str(d.jitter_ms),
             "--reorder-pct", str(d.reorder_pct), "--tag", tag,
+            *(["--log", str(a.s.log_dir / f"{tag}.log")] if a.s.log_dir else []),
         ])
         env = dict(os.environ)
         pkg_root = str(Path(__file__).resolve().parent.parent)
@@ -359,6 +361,7 @@ class FallbackBackend:
             proc.kill()
             rest = proc.stdout.read() if proc.poll() is not None else ""
             raise ShapingError(f"delay line for {tag} did not start: {line} {rest}".strip())
+        proc.stdout.close()
         return int(line.split()[1])
 
 
@@ -415,23 +418,29 @@ def apply_profile(
     ifname: str,
     backend: str = "auto",
     on_create: OnCreate | None = None,
+    log_dir: Path | None = None,
+    features: KernelFeatures | None = None,
 ) -> AppliedShaping:
     """Shape the link whose client-side interface is ``ifname`` in ``netns`` (None: host).
 
     ``profile.up`` goes on the interface's egress and ``profile.down`` on its ingress. ``backend``
     is ``"auto"``, ``"netem"`` or ``"fallback"``. ``on_create(kind, name, netns)`` is called right
-    after each resource exists (for a state file). Raises :class:`ShapingUnsupported` before
-    anything is created when the profile cannot be honoured, and :class:`ShapingError` when
-    applying fails (what was created is removed again first).
+    after each resource exists (for a state file). A delay line writes its messages after start-up
+    to ``log_dir/<tag>.log`` when ``log_dir`` is given (e.g. the run folder). Raises
+    :class:`ShapingUnsupported` before anything is created when the profile cannot be honoured,
+    and :class:`ShapingError` when applying fails (what was created is removed again first).
+    ``features`` replaces the probed :class:`~netem.KernelFeatures` (a caller that probed already,
+    or a test that hides a feature to exercise the alternative path).
     """
-    b, reason = select_backend(profile, netns, backend)
+    f = features or probe_kernel()
+    b, reason = select_backend(profile, netns, backend, f)
     shaping = AppliedShaping(backend=b.kind, reason=reason, profile=profile, netns=netns,
-                             ifname=ifname, tag=shaping_tag(netns, ifname))
+                             ifname=ifname, tag=shaping_tag(netns, ifname), log_dir=log_dir)
     if profile.is_empty:
         shaping.reason += "; profile is empty, nothing applied"
         return shaping
     try:
-        b.apply(profile, _Applier(shaping, on_create))
+        b.apply(profile, _Applier(shaping, on_create, f))
     except BaseException as e:
         errors = shaping.release()
         extra = f" (and clean-up failed: {'; '.join(errors)})" if errors else ""

@@ -1,7 +1,8 @@
 """A real client/server namespace pair joined by a veth pair, for the shaping and wire tests.
 
-Names: ``zw-test-<pid>-<n>-c`` / ``-s`` namespaces, ``zw-t<pid><n>c`` / ``s`` veth ends (short pid); addresses
-198.19.250.1 (client) and 198.19.250.2 (server), /30. Always removed, also when a test fails.
+Names: ``zw-test-<pid>-<n>-c`` / ``-s`` namespaces, ``zw-t<pid><n>c`` / ``s`` veth ends (pid
+shortened); addresses 198.19.250.1 (client) and 198.19.250.2 (server), /30. Always removed,
+also when a test fails.
 """
 
 from __future__ import annotations

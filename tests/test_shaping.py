@@ -63,7 +63,7 @@ def test_presets_name_their_source_and_validate():
     for name, p in PRESETS.items():
         assert p.name == name and p.source, name
         assert p.down.rate_kbit and p.up.rate_kbit and p.rtt_ms > 0
-    assert preset("GEO_satellite").rtt_ms == 560
+    assert preset("GEO_satellite").rtt_ms == 540
     with pytest.raises(UnknownPreset, match="presets: .*3g"):
         preset("5g-mmwave")
 
@@ -118,8 +118,11 @@ def test_100ms_delay_gives_100ms_tcp_rtt(link: NsPair):
         m = _measure(link, shaping.profile, throughput=False, loss=False, rtt_samples=30)
     finally:
         assert shaping.release() == []
+    # rtt_ms is the kernel's own RTT of the probe connection (tcpi_rtt); the probe's own round
+    # trips include its scheduling delays on a loaded machine, so only their minimum is held to
+    # the same bound.
     assert 85 <= m.rtt_ms <= 115, m  # type: ignore[attr-defined]
-    assert 85 <= m.tcpi_rtt_ms <= 115, m  # type: ignore[attr-defined]
+    assert 85 <= m.app_rtt_min_ms <= 115, m  # type: ignore[attr-defined]
     # and the unshaped link is back to sub-millisecond
     m0 = _measure(link, LinkProfile(), throughput=False, loss=False)
     assert m0.rtt_ms < 10, m0  # type: ignore[attr-defined]
@@ -144,6 +147,47 @@ def test_5pct_loss_gives_3_to_7pct(link: NsPair):
     _nothing_left(link)
 
 
+def test_3g_preset_measures_as_requested(link: NsPair, tmp_path: Path):
+    p = preset("3g")  # RTT 300 ms, 700 kbit/s each way
+    with apply_profile(p, netns=link.client_ns, ifname=link.client_if,
+                       log_dir=tmp_path) as shaping:
+        m = _measure(link, p, loss=False, duration_s=3.0, rtt_samples=10)
+        assert shaping.alive()
+    assert 255 <= m.rtt_ms <= 345, m  # type: ignore[attr-defined]
+    for got in (m.down_kbit, m.up_kbit):  # type: ignore[attr-defined]
+        assert got is not None and 0.85 * 700 <= got <= 1.15 * 700, m
+    logs = [f.name for f in tmp_path.iterdir()]
+    assert logs == [f"zw-dl-{shaping.tag[3:]}-down.log"]
+    _nothing_left(link)
+
+
+def test_netem_backend_options_use_tc_units():
+    from netem._shaping import NetemBackend
+
+    o = NetemBackend.options(DirectionProfile(delay_ms=150, jitter_ms=20, loss_pct=1.5,
+                                              rate_kbit=700, reorder_pct=5, corrupt_pct=0.1))
+    assert o["delay"] == 150_000 and o["jitter"] == 20_000  # microseconds
+    assert o["loss"] == 1.5 and o["prob_reorder"] == 5 and o["prob_corrupt"] == 0.1
+    assert o["rate"] == "700000bit"
+
+
+def test_loss_through_iptables_statistic_when_nft_is_missing(link: NsPair):
+    import dataclasses
+
+    f = dataclasses.replace(probe_kernel(), nft_numgen=False)
+    if not f.iptables_statistic:
+        pytest.skip("no iptables statistic match here")
+    p = LinkProfile(down=DirectionProfile(loss_pct=5), up=DirectionProfile(loss_pct=5))
+    with apply_profile(p, netns=link.client_ns, ifname=link.client_if, features=f) as shaping:
+        # the chains, and iptables-nft's own "ip mangle" table when it made it just now
+        assert {k for k, _ in shaping.created} >= {"iptables-chain"}
+        assert {n for k, n in shaping.created if k == "nft-table"} <= {"ip mangle"}
+        m = _measure(link, p, throughput=False, udp_packets=4000)
+    for got in (m.down_loss_pct, m.up_loss_pct):  # type: ignore[attr-defined]
+        assert got is not None and 3.0 <= got <= 7.0, m
+    _nothing_left(link)
+
+
 # --- failure before applying, release, clean ---------------------------------------------------
 
 
@@ -152,10 +196,11 @@ def test_unsupported_profile_fails_before_anything_is_applied(link: NsPair):
         pytest.skip("this kernel has netem: every profile is supported")
     created: list[tuple[str, str, str | None]] = []
     p = LinkProfile(down=DirectionProfile(rate_kbit=500, delay_ms=50, duplicate_pct=1))
-    with pytest.raises(ShapingUnsupported, match=r"down\.duplicate_pct needs .*CONFIG_NET_SCH_NETEM"):
+    netem_missing = r"CONFIG_NET_SCH_NETEM"
+    with pytest.raises(ShapingUnsupported, match=r"down\.duplicate_pct needs .*" + netem_missing):
         apply_profile(p, netns=link.client_ns, ifname=link.client_if,
                       on_create=lambda *r: created.append(r))
-    with pytest.raises(ShapingUnsupported, match=r"backend 'netem' \(forced\).*CONFIG_NET_SCH_NETEM"):
+    with pytest.raises(ShapingUnsupported, match=r"backend 'netem' \(forced\).*" + netem_missing):
         apply_profile(LinkProfile(up=DirectionProfile(delay_ms=5)), netns=link.client_ns,
                       ifname=link.client_if, backend="netem")
     with pytest.raises(ShapingUnsupported, match="need a network namespace the run created"):
@@ -180,7 +225,8 @@ def test_release_removes_every_qdisc_table_chain_and_process(link: NsPair):
         assert any("numgen random" in t for t in state.nft_tables.values())
         assert shaping.record()["backend"] == shaping.backend
         m = _measure(link, p, throughput=False, loss=False)
-        assert 30 <= m.rtt_ms <= 60, m  # type: ignore[attr-defined]
+        # 20 + 20 ms, jitter +/- (5 + 0) ms; the 1 % loss can stretch the kernel's smoothed RTT
+        assert 30 <= m.app_rtt_min_ms <= 50, m  # type: ignore[attr-defined]
     finally:
         assert shaping.release() == []
     assert shaping.release() == []  # idempotent
