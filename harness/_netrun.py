@@ -16,6 +16,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from harness._health import free_port
 from harness._scenario import Scenario, ScenarioError
 from netem._links import resolve_profile
@@ -25,6 +27,7 @@ from netem._profiles import LinkProfile
 from netem._shaping import ShapingError, apply_profile, select_backend
 from netem._state import NetemState
 from netem._topology import Topology
+from netem._wire import CaptureError, WireCapture, stalled_flows, wire_events
 
 
 def _listen_fields(config: Any) -> tuple[str, str] | None:
@@ -58,6 +61,8 @@ class RunNetwork:
         self.shaping_info: dict[str, Any] = {}
         self.measured: dict[str, Any] = {}
         self.errors: list[str] = []
+        self.captures: dict[str, WireCapture] = {}
+        self.stalled: list[dict[str, Any]] = []
 
     @property
     def server_netns(self) -> str:
@@ -95,6 +100,43 @@ class RunNetwork:
         self.check_shaping()
         self.topology.create()
         self._shape()
+        if self.scenario.netem.capture:
+            self._start_captures(run_dir)
+
+    def _start_captures(self, run_dir: Path) -> None:
+        """tcpdump on each group's client-side veth end, into ``wire-<group>.pcap``."""
+        for group, link in self.topology.links.items():
+            capture = WireCapture(link.netns, link.client_ifname, run_dir / f"wire-{group}.pcap")
+            try:
+                capture.start()
+            except CaptureError as exc:
+                raise NetemError(f"group {group}: {exc}") from None
+            self.captures[group] = capture
+            self.record_pid(capture.pid, f"tcpdump {group}")
+
+    def _finish_captures(self, run_dir: Path) -> None:
+        """Stop the captures and write ``wire.parquet`` (one row per event, with ``group``)
+        and the stalled flows (see :func:`netem._wire.stalled_flows`)."""
+        frames = []
+        for group, capture in self.captures.items():
+            pcap = capture.stop()
+            try:
+                events = wire_events(pcap)
+            except Exception as exc:  # an unreadable capture is a gap, not a failed run
+                self.errors.append(f"analysing {pcap.name}: {type(exc).__name__}: {exc}")
+                continue
+            events.insert(0, "group", group)
+            frames.append(events)
+        if not frames:
+            return
+        events = pd.concat(frames, ignore_index=True)
+        events.to_parquet(run_dir / "wire.parquet", index=False)
+        for group in self.captures:
+            flows = stalled_flows(events[events["group"] == group].drop(columns="group"))
+            flows.insert(0, "group", group)
+            self.stalled += [
+                {str(k): v for k, v in row.items()} for row in flows.to_dict("records")
+            ]
 
     def _profiles(self) -> dict[str, LinkProfile]:
         """The link profile of each shaped group."""
@@ -173,18 +215,24 @@ class RunNetwork:
 
     def record_process(self, proc: subprocess.Popen[bytes] | None, what: str) -> None:
         """Record a process group the run started (so ``netem clean`` can kill it)."""
-        if self.state is not None and proc is not None:
+        if proc is not None:
+            self.record_pid(proc.pid, what, group=True)
+
+    def record_pid(self, pid: int | None, what: str, *, group: bool = False) -> None:
+        """Record process ``pid`` (the leader of a process group if ``group``)."""
+        if self.state is not None and pid is not None:
             self.state.record(
-                "process",
-                pid=proc.pid,
-                start_ticks=process_start_ticks(proc.pid),
-                group=True,
-                what=what,
+                "process", pid=pid, start_ticks=process_start_ticks(pid), group=group, what=what
             )
 
-    def teardown(self) -> None:
-        """Release the shaping, then the namespaces and links; mark the state file released.
-        Never raises: problems are kept in ``errors`` (and in ``run.json``)."""
+    def teardown(self, run_dir: Path) -> None:
+        """Stop and analyse the captures, release the shaping, then the namespaces and links;
+        mark the state file released. Never raises: problems are kept in ``errors`` (and in
+        ``run.json``)."""
+        try:
+            self._finish_captures(run_dir)
+        except Exception as exc:
+            self.errors.append(f"wire capture: {type(exc).__name__}: {exc}")
         for applied in reversed(self.shaping):
             try:
                 self.errors += [f"releasing shaping: {e}" for e in applied.release()]
@@ -206,6 +254,7 @@ class RunNetwork:
             "state_file": str(self.state.path) if self.state else None,
             "shaping": self.shaping_info,
             "measured": self.measured,
+            "stalled_flows": self.stalled if self.captures else None,
             "errors": self.errors,
         }
 

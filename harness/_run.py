@@ -307,7 +307,7 @@ class _Run:
         self.proxy.stop()
         self.target.stop()
         if self.network is not None:
-            self.network.teardown()
+            self.network.teardown(self.run_dir)
             self.info["network"] = self.network.describe()
         self.info["proxy"] = self.proxy.describe()
         self.info["load_processes"] = [{"group": ld.group, "argv": ld.argv} for ld in self.loads]
@@ -357,6 +357,7 @@ class _Run:
             client_saturation=saturation_summary(
                 [saturation_path(self.run_dir, g.name) for g in self.scenario.groups]
             ),
+            stalled_flows=self.network.stalled if self.network and self.network.captures else None,
         )
         _write_json(self.run_dir / "summary.json", summary.model_dump(mode="json"))
         self.info.update(

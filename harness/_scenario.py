@@ -166,7 +166,10 @@ class NetemConfig(_Strict):
     (``measure_duration_s`` of bulk transfer each way, ``measure_udp_packets`` datagrams each
     way for loss).
     ``isolate``: give every group its own namespace and link even when no group names a
-    network profile. ``profiles``: link profiles of this scenario by name
+    network profile. ``capture``: record TCP headers on each group's client-side veth
+    (tcpdump) and analyse them into ``wire.parquet`` (zero windows, window probes, FIN, RST)
+    and, per stalled flow, the time from its first zero window to the RST and who sent it.
+    ``profiles``: link profiles of this scenario by name
     (``[netem.profiles.my-link]`` with the fields of a link profile), usable as a group's
     ``network_profile`` beside the built-in presets.
     """
@@ -176,6 +179,7 @@ class NetemConfig(_Strict):
     measure_duration_s: float = Field(2.0, gt=0, description="bulk transfer each way, s")
     measure_udp_packets: int = Field(300, ge=0, description="UDP datagrams each way; 0: no loss")
     isolate: bool = False
+    capture: bool = False
     profiles: dict[str, dict[str, Any]] = {}
 
     @field_validator("profiles")

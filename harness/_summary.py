@@ -68,6 +68,9 @@ class RunSummary(BaseModel):
     server: ServerSummary
     verdicts: dict[str, Any]
     client_saturation: SaturationSummary
+    # With [netem] capture: per flow that saw a zero window, who advertised it, the time from
+    # the first zero window to the RST and who sent it (netem._wire.stalled_flows).
+    stalled_flows: list[dict[str, Any]] | None = None
 
 
 def _ms(values: list[float], q: float) -> float | None:

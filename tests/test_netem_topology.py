@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -339,3 +340,54 @@ def test_state_file_records_before_creating(tmp_path: Path):
     state.finish()
     assert not state.runtime_path.exists()
     assert read_state(state.path)["status"] == "released"
+
+
+WIRE_SIM = """
+name = "wire"
+max_duration_s = 60
+cooldown_s = 1
+[target]
+kind = "sim"
+[target.engine]
+num_blocks = 256
+block_size = 32
+[netem]
+isolate = true
+capture = true
+[[groups]]
+name = "fast"
+users = 1
+requests_per_user = 2
+max_tokens = 64
+[[groups]]
+name = "stalled"
+users = 2
+requests_per_user = 1
+max_tokens = 512
+rcvbuf_bytes = 4096
+action = { kind = "stop_reading", after_tokens = 8, hold_s = 3, close = "rst" }
+"""
+
+
+@needs_net_admin
+@pytest.mark.skipif(not shutil.which("tcpdump"), reason="tcpdump is not installed")
+def test_capture_on_each_groups_link_finds_zero_windows_and_who_reset(tmp_path: Path):
+    import pandas as pd
+
+    from harness._run import run_scenario
+    from harness._scenario import parse_scenario
+
+    scenario = parse_scenario(WIRE_SIM, path=tmp_path / "wire.toml")
+    result = run_scenario(scenario, out_root=tmp_path)
+    assert result.exit_code == 0, result.summary.failure
+    wire = pd.read_parquet(result.run_dir / "wire.parquet")
+    assert set(wire["group"]) == {"fast", "stalled"}
+    fast = wire[wire["group"] == "fast"]
+    assert not (fast["event"] == "zero_window").any()
+    stalled = result.summary.stalled_flows
+    assert stalled is not None and len(stalled) == 2
+    for flow in stalled:
+        assert flow["group"] == "stalled"
+        assert flow["zero_window_by"] == "client" and flow["rst_by"] == "client"
+        # The client stopped reading after 8 tokens and reset 3 s later.
+        assert 1.5 < flow["zero_window_to_rst_s"] < 4.5
