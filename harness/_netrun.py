@@ -43,8 +43,9 @@ def _listen_fields(config: Any) -> tuple[str, str] | None:
 class RunNetwork:
     """Namespaces, links and shaping of one run (see the module docstring).
 
-    ``topology`` names and addresses; ``shaping`` the applied shaping per group and direction;
-    ``measured`` the figures measured on each shaped link.
+    ``topology`` names and addresses; ``shaping`` the applied shapings and ``shaping_info``
+    their records per group (backend, reason, profile, resources); ``measured`` the requested
+    and measured figures per shaped group; ``stalled`` the stalled flows of the captures.
     """
 
     def __init__(self, scenario: Scenario, *, run_id: str | None = None) -> None:

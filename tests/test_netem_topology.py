@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -391,3 +392,39 @@ def test_capture_on_each_groups_link_finds_zero_windows_and_who_reset(tmp_path: 
         assert flow["zero_window_by"] == "client" and flow["rst_by"] == "client"
         # The client stopped reading after 8 tokens and reset 3 s later.
         assert 1.5 < flow["zero_window_to_rst_s"] < 4.5
+
+
+@needs_net_admin
+def test_sigterm_mid_run_releases_everything(tmp_path: Path):
+    scenario = tmp_path / "shaped-sim.toml"
+    scenario.write_text(SHAPED_SIM.replace("measure_udp_packets = 200", "measure = false"))
+    out = tmp_path / "out"
+    harness = subprocess.Popen(
+        [sys.executable, "-m", "harness", "run", str(scenario), "--out", str(out),
+         "--no-progress"],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        state_path = None
+        while time.monotonic() < deadline and state_path is None:
+            found = list(out.glob("*/*/netem-state.json"))
+            state = read_state(found[0]) if found else None
+            if state and sum("locust" in str(r.get("what")) for r in state["resources"]) == 2:
+                state_path = found[0]
+            time.sleep(0.2)
+        assert state_path is not None, "the load never started"
+        time.sleep(2)
+        harness.send_signal(signal.SIGTERM)
+        assert harness.wait(timeout=120) == 130
+    finally:
+        if harness.poll() is None:
+            harness.kill()
+    state = read_state(state_path)
+    assert state["status"] == "released"
+    assert run_leftovers(state["run_id"]) == {"netns": [], "links": []}
+    pids = [r["pid"] for r in state["resources"] if r["kind"] == "process"]
+    assert not [p for p in pids if _alive(p)]
+    info = json.loads((state_path.parent / "run.json").read_text())
+    assert info["status"] == "interrupted" and info["network"]["errors"] == []
