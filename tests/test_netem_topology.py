@@ -122,6 +122,7 @@ def test_topology_joins_groups_to_the_server_and_leaves_the_host_unchanged(state
         assert len(set(seen)) == 2
     finally:
         removed = topo.destroy()
+        state.finish()
     assert any("netns" in r for r in removed)
     assert run_leftovers(run_id) == {"netns": [], "links": []}
     assert host_snapshot() == before
