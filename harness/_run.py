@@ -37,6 +37,7 @@ from harness._loadrun import LoadProcess, records_path, saturation_path, start_l
 from harness._netrun import RunNetwork, plan_network
 from harness._progress import RunProgress
 from harness._proxies import make_proxy
+from harness._report import report_or_warning
 from harness._runinfo import host_facts, versions
 from harness._saturation import saturation_summary
 from harness._scenario import Scenario, ScenarioError, UrlTargetConfig
@@ -326,7 +327,8 @@ class _Run:
         )
         records = load_records(records_path(self.run_dir, g.name) for g in self.scenario.groups)
         # Requests meet the server on the client-facing port (the proxy's, if any).
-        requests = requests_frame(records, sockets[sockets["local_port"] == self.client_port])
+        client_sockets = sockets[sockets["local_port"] == self.client_port]
+        requests = requests_frame(records, client_sockets)
         chunks = chunks_frame(records)
         for frame, name in (
             (requests, "requests"),
@@ -337,7 +339,9 @@ class _Run:
             write_parquet(frame, self.run_dir / f"{name}.parquet")
         t_first_send = float(requests["t_send"].min()) if len(requests) else None
         # Only the load's own connections: not the scraper's, nor anyone else's.
-        load_sockets = sockets[sockets["client_port"].isin(requests["client_port"].dropna())]
+        load_sockets = client_sockets[
+            client_sockets["client_port"].isin(requests["client_port"].dropna())
+        ]
         verdict = kv_held_verdict(
             metrics,
             load_sockets,
@@ -483,4 +487,6 @@ def run_scenario(
         if progress is not None:
             progress.stop()
     _check_gates(run, result, base, skip_relative=not use_baseline)
+    if warning := report_or_warning(run_dir):  # after the results; never changes the result
+        print(warning, file=sys.stderr)
     return result

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -109,6 +110,8 @@ def run(
         )
     except OSError as exc:
         typer.echo(f"cannot append to ${STEP_SUMMARY_ENV}: {exc}", err=True)
+    if (report_path := result.run_dir / "report.html").exists():
+        typer.echo(f"report: {report_path}")
     raise typer.Exit(result.exit_code)
 
 
@@ -131,6 +134,69 @@ def baseline_save(
         typer.echo(f"cannot save the baseline\n{exc}", err=True)
         raise typer.Exit(EXIT_SETUP) from None
     typer.echo(f"baseline written to {path}")
+
+
+@app.command()
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="run folder (results/<scenario>/<stamp>)")],
+    out: Annotated[
+        Path | None, typer.Option(help="where to write (default RUN_DIR/report.html)")
+    ] = None,
+) -> None:
+    """Write RUN_DIR/report.html: one self-contained page with timelines, CDFs and verdicts."""
+    from harness._report import ReportError, write_report
+
+    try:
+        path = write_report(run_dir, out)
+    except ReportError as exc:
+        typer.echo(f"cannot write the report\n{exc}", err=True)
+        raise typer.Exit(EXIT_SETUP) from None
+    except OSError as exc:
+        typer.echo(f"cannot write the report to {exc.filename}: {exc.strerror}", err=True)
+        raise typer.Exit(EXIT_SETUP) from None
+    typer.echo(f"report written to {path}")
+
+
+@app.command()
+def compare(
+    run_dirs: Annotated[list[Path], typer.Argument(help="two or more run folders")],
+    fmt: Annotated[
+        str, typer.Option("--format", help="table (terminal), markdown, csv or json")
+    ] = "table",
+    html: Annotated[
+        Path | None, typer.Option(help="also write an HTML comparison with overlaid CDFs")
+    ] = None,
+    only: Annotated[
+        list[str] | None, typer.Option(help="figures matching this pattern, e.g. 'fast.ttft_*'")
+    ] = None,
+) -> None:
+    """Print the runs' figures side by side, with ratios against the first run."""
+    from rich.console import Console
+
+    from harness._compare import FORMATS, compare_runs, html_page, render, rich_table
+    from harness._report import ReportError
+
+    if len(run_dirs) < 2 or fmt not in FORMATS:
+        typer.echo(
+            "compare needs two or more run folders and --format " + "|".join(FORMATS), err=True
+        )
+        raise typer.Exit(EXIT_SETUP)
+    try:
+        comparison = compare_runs(run_dirs, only or ())
+        if html is not None:
+            html.write_text(html_page(comparison), encoding="utf-8")
+    except (ReportError, ValueError) as exc:
+        typer.echo(f"cannot compare\n{exc}", err=True)
+        raise typer.Exit(EXIT_SETUP) from None
+    except OSError as exc:
+        typer.echo(f"cannot write {exc.filename}: {exc.strerror}", err=True)
+        raise typer.Exit(EXIT_SETUP) from None
+    if fmt == "table":
+        Console(width=None if sys.stdout.isatty() else 200).print(rich_table(comparison))
+    else:
+        typer.echo(render(comparison, fmt), nl=False)
+    if html is not None:
+        typer.echo(f"HTML comparison written to {html}", err=fmt != "table")
 
 
 @model_app.command("tiny")
