@@ -311,6 +311,7 @@ class _Run:
             self.network.teardown(self.run_dir)
             self.info["network"] = self.network.describe()
         self.info["proxy"] = self.proxy.describe()
+        self.info["client_facing_port"] = self.client_port
         self.info["load_processes"] = [{"group": ld.group, "argv": ld.argv} for ld in self.loads]
         self.info["target"] = self.target.describe()
         return self._write_results()
