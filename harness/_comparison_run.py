@@ -45,7 +45,7 @@ from harness._run import (
     url_target,
 )
 from harness._runinfo import host_facts, versions
-from harness._scenario import Scenario
+from harness._scenario import Scenario, ScenarioError
 from harness._targets import Target, TargetError, make_target
 from loadgen._client import RequestSpec, stream_request
 from loadgen._prompt import build_prompt, prompt_seed
@@ -132,9 +132,15 @@ def run_comparison(
     ``out_root/<name>/<UTC timestamp>/``. Never raises for failures of the target, a proxy or
     the load: they end up in ``comparison-run.json``, the runs' ``run.json`` and the exit code.
     Raises :class:`~harness._scenario.ScenarioError` for an invalid ``target_url`` and
-    ``ValueError`` if the scenario lists no ``proxies``."""
+    ``ValueError`` if the scenario lists no ``proxies``, ``ScenarioError`` if it needs network
+    namespaces (not supported in a comparison yet)."""
     if not scenario.proxies:
         raise ValueError("the scenario lists no proxies")
+    if scenario.needs_topology():
+        raise ScenarioError(
+            "proxies = [...] runs on the host's loopback: network profiles, [server_net] and "
+            "[netem] isolate are not supported in a comparison yet"
+        )
     if target_url is not None:
         scenario = scenario.model_copy(update={"target": url_target(scenario, target_url)})
     run_dir = new_run_dir(out_root, scenario.name)

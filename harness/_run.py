@@ -10,6 +10,7 @@ the run failed.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import sys
@@ -28,11 +29,12 @@ import pandas as pd
 from pydantic import ValidationError
 
 from harness._baseline import Baseline, baseline_path, load_baseline
-from harness._collectors import MetricsScraper, SocketSampler
+from harness._collectors import SOCKET_COLUMNS, MetricsScraper, SocketSampler
 from harness._figures import figures
 from harness._gates import GateResult, evaluate_gates, needs_baseline
 from harness._junit import write_junit
 from harness._loadrun import LoadProcess, records_path, saturation_path, start_load
+from harness._netrun import RunNetwork, plan_network
 from harness._progress import RunProgress
 from harness._proxies import make_proxy
 from harness._proxy_probe import ProxyProbe, proxy_pid, proxy_summary
@@ -51,6 +53,7 @@ from harness._summary import (
 from harness._tables import chunks_frame, load_records, requests_frame, write_parquet
 from harness._targets import Target, TargetError, make_target
 from harness._verdicts import kv_held_verdict
+from netem._netns import NetemError
 
 # Exit codes of `zerowindow run`.
 EXIT_OK, EXIT_FAILED, EXIT_SETUP, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -89,8 +92,13 @@ def _signals_raise() -> Iterator[list[str]]:
     """Turn the first SIGINT/SIGTERM into :class:`RunInterrupted`; ignore later ones so that
     clean-up finishes. Yields a list that receives the signal names."""
     received: list[str] = []
+    owner = os.getpid()
 
     def handler(signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != owner:
+            # A forked child (pyroute2 forks to enter namespaces) inherits this handler; the
+            # exception would unwind the child through the run's clean-up. It just exits.
+            os._exit(128 + signum)
         received.append(signal.Signals(signum).name)
         if len(received) == 1:
             raise RunInterrupted(received[0])
@@ -134,6 +142,7 @@ class _Run:
         *,
         proxy: NamedProxyConfig | None = None,
         manage_target: bool = True,
+        network: RunNetwork | None = None,
     ) -> None:
         self.scenario = scenario
         self.scenario_path = scenario_path
@@ -145,6 +154,8 @@ class _Run:
         self.proxy = make_proxy(proxy.proxy if proxy else scenario.proxy)
         self.probe: ProxyProbe | None = None
         self.client_url = target.base_url
+        self.client_port: int | None = None
+        self.network = network
         self.loads: list[LoadProcess] = []
         self.scraper: MetricsScraper | None = None
         self.sockets: SocketSampler | None = None
@@ -168,15 +179,29 @@ class _Run:
     # -- phases -------------------------------------------------------------------------
 
     def _start_target(self) -> None:
+        netns = None
+        if self.network is not None:
+            self.network.setup(self.run_dir)
+            netns = self.network.server_netns
+            for part in (self.target, self.proxy):
+                if (server := getattr(part, "server", None)) is not None:
+                    server.netns = netns
         if self.manage_target:
             self.target.start(self.run_dir)
         self.client_url = self.proxy.start(self.run_dir, self.target.base_url)
+        if self.network is not None:
+            for part in (self.target, self.proxy):
+                if (server := getattr(part, "server", None)) is not None:
+                    self.network.record_process(server.proc, server.label)
         # Undelivered bytes wait in the sockets that face the clients (the proxy's, if any).
         url = urlsplit(self.client_url)
-        port = url.port or (443 if url.scheme == "https" else 80)
+        port = self.client_port = url.port or (443 if url.scheme == "https" else 80)
+        target_port = urlsplit(self.target.base_url).port or port
         c = self.scenario.collectors
         self.scraper = MetricsScraper(self.target.base_url, interval_s=c.metrics_interval_s)
-        self.sockets = SocketSampler(port, interval_s=c.sockets_interval_s)
+        self.sockets = SocketSampler(
+            {port, target_port}, interval_s=c.sockets_interval_s, netns=netns
+        )
         self.scraper.start()
         self.sockets.start()
         if self.proxy_kind != "none":
@@ -218,8 +243,11 @@ class _Run:
                     model=self.target.served_model_name,
                     seed=self.scenario.seed,
                     max_duration_s=self.scenario.max_duration_s,
+                    netns=self.network.group_netns(group.name) if self.network else None,
                 )
             )
+            if self.network is not None:
+                self.network.record_process(self.loads[-1].proc, f"locust {group.name}")
 
     def _target_failure(self) -> str | None:
         reason = self.target.failure() or self.proxy.failure()
@@ -274,6 +302,10 @@ class _Run:
                 self.status = "failed"
                 self.exit_code = EXIT_FAILED if started else EXIT_SETUP
                 self.failure = str(exc)
+            except NetemError as exc:
+                self.status = "failed"
+                self.exit_code = EXIT_FAILED if started else EXIT_SETUP
+                self.failure = f"network: {exc}"
             except OSError as exc:
                 self.status, self.exit_code = "failed", EXIT_SETUP
                 self.failure = f"cannot start the run: {exc}"
@@ -301,7 +333,11 @@ class _Run:
         self.proxy.stop()
         if self.manage_target:
             self.target.stop()
+        if self.network is not None:
+            self.network.teardown(self.run_dir)
+            self.info["network"] = self.network.describe()
         self.info["proxy"] = self.proxy.describe()
+        self.info["client_facing_port"] = self.client_port
         self.info["load_processes"] = [{"group": ld.group, "argv": ld.argv} for ld in self.loads]
         self.info["target"] = self.target.describe()
         return self._write_results()
@@ -314,10 +350,12 @@ class _Run:
             )
         sockets = pd.DataFrame(
             self.sockets.rows if self.sockets else [],
-            columns=["t", "client_addr", "client_port", "state", "send_q_bytes", "recv_q_bytes"],
+            columns=SOCKET_COLUMNS,
         )
         records = load_records(records_path(self.run_dir, g.name) for g in self.scenario.groups)
-        requests = requests_frame(records, sockets)
+        # Requests meet the server on the client-facing port (the proxy's, if any).
+        client_sockets = sockets[sockets["local_port"] == self.client_port]
+        requests = requests_frame(records, client_sockets)
         requests = attribute_aborts(requests, abort_times(metrics, requests["t_send"]))
         chunks = chunks_frame(records)
         for frame, name in (
@@ -329,7 +367,9 @@ class _Run:
             write_parquet(frame, self.run_dir / f"{name}.parquet")
         t_first_send = float(requests["t_send"].min()) if len(requests) else None
         # Only the load's own connections: not the scraper's, nor anyone else's.
-        load_sockets = sockets[sockets["client_port"].isin(requests["client_port"].dropna())]
+        load_sockets = client_sockets[
+            client_sockets["client_port"].isin(requests["client_port"].dropna())
+        ]
         verdict = kv_held_verdict(
             metrics,
             load_sockets,
@@ -354,6 +394,7 @@ class _Run:
             proxy=proxy_summary(
                 self.proxy_name, self.proxy_kind, self.probe.rows if self.probe else []
             ),
+            stalled_flows=self.network.stalled if self.network and self.network.captures else None,
         )
         if self.probe is not None:
             write_parquet(pd.DataFrame(self.probe.rows), self.run_dir / "proxy.parquet")
@@ -455,16 +496,18 @@ def run_scenario(
     :attr:`RunResult.exit_code` (0 complete and every gate passed, 1 failed during the run or a
     gate failed, 2 could not start, 130 interrupted by SIGINT/SIGTERM). The gates are written
     to ``gates.json`` and ``junit.xml``. Raises :class:`ScenarioError` for an invalid
-    ``target_url`` and :class:`~harness._baseline.BaselineError` for a baseline that is needed
-    but missing or invalid, both before anything starts.
+    ``target_url``, or for a target the run cannot start inside its server namespace when the
+    scenario needs one, and :class:`~harness._baseline.BaselineError` for a baseline that is
+    needed but missing or invalid, all before anything starts.
     """
     if target_url is not None:
         scenario = scenario.model_copy(update={"target": url_target(scenario, target_url)})
+    scenario, network = plan_network(scenario)
     base = _baseline_for(scenario, baseline, use=use_baseline)
     run_dir = new_run_dir(out_root, scenario.name)
     if scenario_path is not None:
         shutil.copyfile(scenario_path, run_dir / "scenario.toml")
-    run = _Run(scenario, scenario_path, run_dir, make_target(scenario.target))
+    run = _Run(scenario, scenario_path, run_dir, make_target(scenario.target), network=network)
     run.progress = progress
     if progress is not None:
         progress.start(

@@ -153,6 +153,68 @@ class NamedProxyConfig(_Strict):
         return data
 
 
+class ServerNetConfig(_Strict):
+    """Kernel TCP buffer settings of the server's network namespace (``[server_net]``), each
+    ``[min, default, max]`` bytes as in tcp(7) (``net.ipv4.tcp_wmem``: the send buffer, whose
+    size decides how long a stalled client goes unnoticed; ``net.ipv4.tcp_rmem``: the
+    receive buffer). Setting either runs the target and proxy in a namespace of their own."""
+
+    tcp_wmem: tuple[int, int, int] | None = None
+    tcp_rmem: tuple[int, int, int] | None = None
+
+    @field_validator("tcp_wmem", "tcp_rmem")
+    @classmethod
+    def _ordered(cls, value: tuple[int, int, int] | None) -> tuple[int, int, int] | None:
+        if value is not None and not (0 < value[0] <= value[1] <= value[2]):
+            raise ValueError("expected [min, default, max] bytes with 0 < min <= default <= max")
+        return value
+
+    def sysctls(self) -> dict[str, str]:
+        """``{"net.ipv4.tcp_wmem": "4096 16384 65536", ...}`` for the fields that are set."""
+        out = {}
+        for name in ("tcp_wmem", "tcp_rmem"):
+            value = getattr(self, name)
+            if value is not None:
+                out[f"net.ipv4.{name}"] = " ".join(str(v) for v in value)
+        return out
+
+
+class NetemConfig(_Strict):
+    """How the run builds its links (``[netem]``).
+
+    ``backend``: shaping backend, ``auto`` (probe once: the kernel's netem qdisc where it
+    exists, else the fallback), ``netem`` or ``fallback``. ``measure``: measure each shaped
+    link (RTT, throughput, loss) before the load starts and store the figures in ``run.json``
+    (``measure_duration_s`` of bulk transfer each way, ``measure_udp_packets`` datagrams each
+    way for loss).
+    ``isolate``: give every group its own namespace and link even when no group names a
+    network profile. ``capture``: record TCP headers on each group's client-side veth
+    (tcpdump) and analyse them into ``wire.parquet`` (zero windows, window probes, FIN, RST)
+    and, per stalled flow, the time from its first zero window to the RST and who sent it.
+    ``profiles``: link profiles of this scenario by name
+    (``[netem.profiles.my-link]`` with the fields of a link profile), usable as a group's
+    ``network_profile`` beside the built-in presets.
+    """
+
+    backend: Literal["auto", "netem", "fallback"] = "auto"
+    measure: bool = True
+    measure_duration_s: float = Field(2.0, gt=0, description="bulk transfer each way, s")
+    measure_udp_packets: int = Field(300, ge=0, description="UDP datagrams each way; 0: no loss")
+    isolate: bool = False
+    capture: bool = False
+    profiles: dict[str, dict[str, Any]] = {}
+
+    @field_validator("profiles")
+    @classmethod
+    def _valid_profiles(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        from netem._links import check_profiles
+
+        problems = check_profiles({}, value)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return value
+
+
 def _gate(value: Any) -> Gate:
     if isinstance(value, Gate):
         return value
@@ -211,6 +273,25 @@ class Scenario(_Strict):
                 },
             )
         return gates
+
+    netem: NetemConfig = NetemConfig()
+    server_net: ServerNetConfig | None = None
+
+    @model_validator(mode="after")
+    def _known_network_profiles(self) -> Scenario:
+        from netem._links import check_profiles
+
+        groups = {g.name: g.network_profile for g in self.groups}
+        problems = check_profiles(groups, self.netem.profiles)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def needs_topology(self) -> bool:
+        """Whether the run builds namespaces and links: a group names a network profile,
+        ``[server_net]`` is set, or ``[netem] isolate`` asks for it."""
+        shaped = any(g.network_profile != "none" for g in self.groups)
+        return shaped or self.server_net is not None or self.netem.isolate
 
     @model_validator(mode="after")
     def _groups_start_in_time(self) -> Scenario:

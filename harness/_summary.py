@@ -55,6 +55,9 @@ class GroupSummary(BaseModel):
     engine_aborted: int = 0
     stall_to_abort_p50_ms: float | None = None
     stall_to_abort_max_ms: float | None = None
+    # The kernel's time-limited-by-the-client's-receive-window per request (tcpi_rwnd_limited).
+    server_rwnd_limited_p50_ms: float | None = None
+    server_rwnd_limited_max_ms: float | None = None
 
 
 class ServerSummary(BaseModel):
@@ -91,6 +94,9 @@ class RunSummary(BaseModel):
     verdicts: dict[str, Any]
     client_saturation: SaturationSummary
     proxy: ProxySummary | None = None
+    # With [netem] capture: per flow that saw a zero window, who advertised it, the time from
+    # the first zero window to the RST and who sent it (netem._wire.stalled_flows).
+    stalled_flows: list[dict[str, Any]] | None = None
 
 
 def _ms(values: list[float], q: float) -> float | None:
@@ -126,6 +132,11 @@ def summarize_group(name: str, requests: pd.DataFrame, chunks: pd.DataFrame) -> 
         if "stall_to_abort_ms" in stalled
         else pd.Series(dtype=float)
     )
+    rwnd = (
+        req["server_rwnd_limited_ms"].dropna()
+        if "server_rwnd_limited_ms" in req
+        else pd.Series(dtype=float)
+    )
     return GroupSummary(
         group=name,
         user_class=user_class,
@@ -152,6 +163,8 @@ def summarize_group(name: str, requests: pd.DataFrame, chunks: pd.DataFrame) -> 
         engine_aborted=len(to_abort),
         stall_to_abort_p50_ms=percentile(to_abort, 50),
         stall_to_abort_max_ms=_maybe(to_abort.max()) if len(to_abort) else None,
+        server_rwnd_limited_p50_ms=percentile(rwnd, 50),
+        server_rwnd_limited_max_ms=_maybe(rwnd.max()) if len(rwnd) else None,
     )
 
 

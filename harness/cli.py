@@ -25,6 +25,10 @@ model_app = typer.Typer(help="Models for tests and demos.", no_args_is_help=True
 app.add_typer(model_app, name="model")
 serve_app = typer.Typer(help="Servers the toolkit ships.", no_args_is_help=True)
 app.add_typer(serve_app, name="serve")
+netem_app = typer.Typer(
+    help="Network namespaces and shaped links (needs CAP_NET_ADMIN).", no_args_is_help=True
+)
+app.add_typer(netem_app, name="netem")
 baseline_app = typer.Typer(help="Baselines for relative gates.", no_args_is_help=True)
 app.add_typer(baseline_app, name="baseline")
 
@@ -260,6 +264,112 @@ def serve_egress(ctx: typer.Context) -> None:
     from harness._egress import main as egress_main
 
     raise typer.Exit(egress_main(ctx.args))
+
+
+NetnsOption = Annotated[
+    str | None, typer.Option("--netns", help="network namespace (default: the host's)")
+]
+
+
+@netem_app.command("clean")
+def netem_clean(
+    results: Annotated[Path, typer.Option(help="folder whose run state files to use")] = Path(
+        "results"
+    ),
+    run_id: Annotated[str | None, typer.Option(help="only this run's resources")] = None,
+    force: Annotated[bool, typer.Option(help="also runs whose process still runs")] = False,
+) -> None:
+    """Remove what killed runs left: zw- namespaces, links, qdiscs, nftables tables, delay
+    lines and processes (from the runs' state files and by the zw- prefix)."""
+    from netem._clean import clean
+    from netem._netns import NetemError
+
+    try:
+        report = clean(results=results, run_id=run_id, force=force)
+    except NetemError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(EXIT_SETUP) from None
+    for item in report.removed:
+        typer.echo(f"removed {item}")
+    for rid in report.skipped_live_runs:
+        typer.echo(f"left alone: run {rid} is still running (--force to clean it)")
+    if not report.removed:
+        typer.echo("nothing to clean")
+
+
+@netem_app.command("show")
+def netem_show(
+    netns: NetnsOption = None,
+    ifname: Annotated[str | None, typer.Option(help="one interface")] = None,
+) -> None:
+    """The toolkit's namespaces and interfaces, the shaping on each, and running runs."""
+    from netem._manual import overview
+    from netem._show import show
+
+    if ifname is not None:
+        typer.echo(repr(show(netns, ifname)))
+        return
+    view = overview()
+    for run in view["runs"]:
+        state = "running" if run["alive"] else "dead (zerowindow netem clean)"
+        typer.echo(f"run {run['run_id']}: {state}, {run['resources']} resources, {run['run_dir']}")
+    for ns, links in view["namespaces"].items():
+        typer.echo(f"{ns or '(host)'}")
+        for name, st in links.items():
+            qd = ", ".join(f"{q.kind} {q.parent}" for q in st.qdiscs) or "no qdisc"
+            lines = f"; delay lines {[p for p, _ in st.delay_lines]}" if st.delay_lines else ""
+            typer.echo(f"  {name}: {'shaped' if st.shaped else 'not shaped'} ({qd}){lines}")
+
+
+@netem_app.command("apply")
+def netem_apply(
+    profile: Annotated[str, typer.Argument(help="preset name (lte, 3g, edge, ...)")],
+    ifname: Annotated[str, typer.Option(help="a zw- interface (the client-side end)")],
+    netns: NetnsOption = None,
+    backend: Annotated[str, typer.Option(help="auto, netem or fallback")] = "auto",
+) -> None:
+    """Shape IFNAME with PROFILE until Ctrl-C (up on its egress, down on its ingress)."""
+    from netem._manual import apply_and_hold
+    from netem._netns import NetemError
+    from netem._profiles import UnknownPreset, preset
+
+    try:
+        link = preset(profile)
+        errors = apply_and_hold(
+            link,
+            netns=netns,
+            ifname=ifname,
+            backend=backend,
+            on_applied=lambda a: typer.echo(
+                f"{link.name} on {ifname}: backend {a.backend} ({a.reason}); Ctrl-C to remove"
+            ),
+        )
+    except (NetemError, UnknownPreset) as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(EXIT_SETUP) from None
+    for err in errors:
+        typer.echo(f"release: {err}", err=True)
+    typer.echo("shaping removed")
+
+
+@netem_app.command("clear")
+def netem_clear(
+    ifname: Annotated[str, typer.Option(help="a zw- interface")],
+    netns: NetnsOption = None,
+) -> None:
+    """Remove the toolkit's shaping from IFNAME (e.g. after a killed `netem apply`)."""
+    from netem._manual import clear_shaping
+    from netem._netns import NetemError
+
+    try:
+        removed = clear_shaping(netns=netns, ifname=ifname)
+    except NetemError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(EXIT_SETUP) from None
+    for item in removed:
+        typer.echo(f"removed {item}")
+    if not removed:
+        typer.echo("no shaping found")
 
 
 def main() -> None:

@@ -182,11 +182,17 @@ def tokens_per_s(data: RunData) -> dict[str, pd.Series]:
 
 
 def load_sockets(data: RunData) -> pd.DataFrame:
-    """Socket samples of the load's own connections (client port seen in ``requests``), with
+    """Socket samples of the load's own connections (on the client-facing port, client port
+    seen in ``requests``), with
     ``s`` (s since ``t0``) and ``conn`` (``group:port``) added."""
     so, req = data.sockets, data.requests
     if so.empty or req.empty or "client_port" not in so:
         return pd.DataFrame()
+    # Only the port the clients connect to (the proxy's, if any); run.json before this field
+    # existed has one port only.
+    port = data.info.get("client_facing_port")
+    if port is not None and "local_port" in so:
+        so = so[so["local_port"] == port]
     groups = req.dropna(subset=["client_port"]).drop_duplicates("client_port", keep="last")
     group_of = groups.set_index("client_port")["group"].astype(str)
     so = so[so["client_port"].isin(group_of.index)].copy()
