@@ -28,7 +28,8 @@ import pandas as pd
 from pydantic import ValidationError
 
 from harness._collectors import MetricsScraper, SocketSampler
-from harness._loadrun import LoadProcess, records_path, saturation_path, start_load
+from harness._distributed import Distribution, start_distributed_load, worker_reports
+from harness._loadrun import LoadProcess, start_load
 from harness._proxies import make_proxy
 from harness._runinfo import host_facts, versions
 from harness._saturation import saturation_summary
@@ -43,6 +44,7 @@ from harness._summary import (
 from harness._tables import chunks_frame, load_records, requests_frame, write_parquet
 from harness._targets import Target, TargetError, make_target
 from harness._verdicts import kv_held_verdict
+from loadgen._workers import group_files
 
 # Exit codes of `zerowindow run`.
 EXIT_OK, EXIT_FAILED, EXIT_SETUP, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -102,9 +104,15 @@ class _Run:
     """State of one run; ``execute`` is the whole life cycle."""
 
     def __init__(
-        self, scenario: Scenario, scenario_path: Path | None, run_dir: Path, target: Target
+        self,
+        scenario: Scenario,
+        scenario_path: Path | None,
+        run_dir: Path,
+        target: Target,
+        distribution: Distribution | None = None,
     ) -> None:
         self.scenario = scenario
+        self.distribution = distribution
         self.scenario_path = scenario_path
         self.run_dir = run_dir
         self.target = target
@@ -146,16 +154,20 @@ class _Run:
         self.t_load = t_load = time.monotonic()
         for group in sorted(self.scenario.groups, key=lambda g: g.start_after_s):
             self._sleep_checking(t_load + group.start_after_s - time.monotonic())
-            self.loads.append(
-                start_load(
-                    group,
-                    run_dir=self.run_dir,
-                    host=self.client_url,
-                    model=self.target.served_model_name,
-                    seed=self.scenario.seed,
-                    max_duration_s=self.scenario.max_duration_s,
+            common: dict[str, Any] = {
+                "run_dir": self.run_dir,
+                "host": self.client_url,
+                "model": self.target.served_model_name,
+                "seed": self.scenario.seed,
+                "max_duration_s": self.scenario.max_duration_s,
+            }
+            if self.distribution is None:
+                self.loads.append(start_load(group, **common))
+            else:
+                index = len(self.loads)
+                self.loads.append(
+                    start_distributed_load(group, **common, **self.distribution.for_group(index))
                 )
-            )
 
     def _target_failure(self) -> str | None:
         reason = self.target.failure() or self.proxy.failure()
@@ -229,7 +241,7 @@ class _Run:
         self.proxy.stop()
         self.target.stop()
         self.info["proxy"] = self.proxy.describe()
-        self.info["load_processes"] = [{"group": ld.group, "argv": ld.argv} for ld in self.loads]
+        self.info["load_processes"] = [ld.describe() for ld in self.loads]
         self.info["target"] = self.target.describe()
         return self._write_results()
 
@@ -243,7 +255,8 @@ class _Run:
             self.sockets.rows if self.sockets else [],
             columns=["t", "client_addr", "client_port", "state", "send_q_bytes", "recv_q_bytes"],
         )
-        records = load_records(records_path(self.run_dir, g.name) for g in self.scenario.groups)
+        groups = [g.name for g in self.scenario.groups]
+        records = load_records(p for g in groups for p in group_files(self.run_dir, "records", g))
         requests = requests_frame(records, sockets)
         chunks = chunks_frame(records)
         for frame, name in (
@@ -263,7 +276,12 @@ class _Run:
             generation_bound_s=self.scenario.verdict.generation_bound_s,
             min_observe_s=self.scenario.verdict.min_observe_s,
         )
-        names = group_names(requests, [g.name for g in self.scenario.groups])
+        names = group_names(requests, groups)
+        workers = [w for ld in self.loads for w in worker_reports(ld, self.run_dir)]
+        died = [w.message for w in workers if w.status != "finished"]
+        if died and self.status == "complete":
+            self.status, self.exit_code = "failed", EXIT_FAILED
+            self.failure = "; ".join(died)
         summary = RunSummary(
             scenario=self.scenario.name,
             status=self.status,
@@ -273,8 +291,9 @@ class _Run:
             server=summarize_server(metrics, self.scraper.missing() if self.scraper else []),
             verdicts={"kv_held_by_undelivered_streams": verdict.as_dict()},
             client_saturation=saturation_summary(
-                [saturation_path(self.run_dir, g.name) for g in self.scenario.groups]
+                [p for g in groups for p in _saturation_files(self.run_dir, g)]
             ),
+            load_workers=workers,
         )
         _write_json(self.run_dir / "summary.json", summary.model_dump(mode="json"))
         self.info.update(
@@ -285,6 +304,11 @@ class _Run:
         )
         _write_json(self.run_dir / "run.json", self.info)
         return summary
+
+
+def _saturation_files(run_dir: Path, group: str) -> list[Path]:
+    # A group that was never sampled still names its file, so that the summary says so.
+    return group_files(run_dir, "saturation", group) or [run_dir / f"saturation-{group}.jsonl"]
 
 
 def url_target(scenario: Scenario, url: str) -> UrlTargetConfig:
@@ -305,6 +329,7 @@ def run_scenario(
     scenario_path: Path | None = None,
     out_root: Path = Path("results"),
     target_url: str | None = None,
+    distribution: Distribution | None = None,
 ) -> RunResult:
     """Run ``scenario`` and write its run folder under ``out_root/<name>/<UTC timestamp>/``.
 
@@ -313,10 +338,13 @@ def run_scenario(
     ``summary.json`` and reflected in :attr:`RunResult.exit_code` (0 complete, 1 failed during
     the run, 2 could not start, 130 interrupted by SIGINT/SIGTERM). Raises
     :class:`ScenarioError` only for an invalid ``target_url``, before anything starts.
+    ``distribution`` runs each group as a Locust master with workers (see
+    :class:`harness._distributed.Distribution`); a worker that dies fails the run (exit 1).
     """
     if target_url is not None:
         scenario = scenario.model_copy(update={"target": url_target(scenario, target_url)})
     run_dir = new_run_dir(out_root, scenario.name)
     if scenario_path is not None:
         shutil.copyfile(scenario_path, run_dir / "scenario.toml")
-    return _Run(scenario, scenario_path, run_dir, make_target(scenario.target)).execute()
+    target = make_target(scenario.target)
+    return _Run(scenario, scenario_path, run_dir, target, distribution).execute()

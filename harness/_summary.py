@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel
 
+from harness._distributed import LoadWorker
 from harness._saturation import SaturationSummary
 from harness._stats import inter_chunk, per_token_itl, percentile
 
@@ -65,6 +66,7 @@ class RunSummary(BaseModel):
     server: ServerSummary
     verdicts: dict[str, Any]
     client_saturation: SaturationSummary
+    load_workers: list[LoadWorker] = []  # Locust workers of distributed groups (--workers)
 
 
 def _ms(values: list[float], q: float) -> float | None:

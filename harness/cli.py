@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from harness._console import print_summary
+from harness._distributed import DistributedError, Distribution, parse_address, run_worker
 from harness._run import EXIT_SETUP, run_scenario
 from harness._scenario import ScenarioError, load_scenario
 
@@ -31,6 +32,22 @@ def run(
     out: Annotated[Path, typer.Option(help="folder that receives the run folders")] = Path(
         "results"
     ),
+    workers: Annotated[
+        int,
+        typer.Option(
+            min=0, help="run each user group as a Locust master with N worker processes here"
+        ),
+    ] = 0,
+    remote_workers: Annotated[
+        int,
+        typer.Option(min=0, help="also wait for N workers joining with `zerowindow worker`"),
+    ] = 0,
+    master_bind: Annotated[
+        str,
+        typer.Option(
+            help="HOST[:PORT] the masters listen on (group i on PORT+i; port 0: free ports)"
+        ),
+    ] = "127.0.0.1:0",
 ) -> None:
     """Run SCENARIO and write results/<scenario>/<UTC timestamp>/."""
     try:
@@ -38,8 +55,22 @@ def run(
     except ScenarioError as exc:
         typer.echo(f"invalid scenario\n{exc}", err=True)
         raise typer.Exit(EXIT_SETUP) from None
+    distribution = None
+    if workers or remote_workers:
+        try:
+            host, port = parse_address(master_bind, default_port=0)
+            distribution = Distribution(workers, remote_workers, host, port)
+        except DistributedError as exc:
+            typer.echo(f"invalid argument\n{exc}", err=True)
+            raise typer.Exit(EXIT_SETUP) from None
     try:
-        result = run_scenario(config, scenario_path=scenario, out_root=out, target_url=target_url)
+        result = run_scenario(
+            config,
+            scenario_path=scenario,
+            out_root=out,
+            target_url=target_url,
+            distribution=distribution,
+        )
     except ScenarioError as exc:
         typer.echo(f"invalid argument\n{exc}", err=True)
         raise typer.Exit(EXIT_SETUP) from None
@@ -48,6 +79,29 @@ def run(
         raise typer.Exit(EXIT_SETUP) from None
     print_summary(result.summary, run_dir=str(result.run_dir))
     raise typer.Exit(result.exit_code)
+
+
+@app.command()
+def worker(
+    master: Annotated[str, typer.Option(help="HOST:PORT of a group's Locust master")],
+    out: Annotated[
+        Path, typer.Option(help="folder for this worker's own copy of its files")
+    ] = Path("results/worker"),
+    name: Annotated[
+        str | None, typer.Option(help="worker name in file names (default HOSTNAME-PID)")
+    ] = None,
+) -> None:
+    """Join a master of `zerowindow run --remote-workers N` as one Locust worker; its records
+    reach the run folder through the master."""
+    try:
+        code = run_worker(master, out_dir=out, name=name)
+    except DistributedError as exc:
+        typer.echo(f"invalid argument\n{exc}", err=True)
+        raise typer.Exit(EXIT_SETUP) from None
+    except OSError as exc:
+        typer.echo(f"cannot start the Locust worker: {exc}", err=True)
+        raise typer.Exit(EXIT_SETUP) from None
+    raise typer.Exit(code)
 
 
 @model_app.command("tiny")

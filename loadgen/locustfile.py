@@ -12,6 +12,13 @@ the option is also declared to Locust's parser so that it is accepted.
 The process quits by itself once every user has sent its ``requests_per_user`` requests, and
 exits 0 even if requests failed (failures are data: see the records file); it exits non-zero
 only if user code raised. Without a configuration it defines no user class and Locust says so.
+
+Distributed (Locust master and workers): the harness writes a per-group locustfile that embeds
+the configuration (``loadgen._workers.locustfile_source``), so that workers on other machines
+receive it from the master with ``locust -f - --worker``. A worker (environment variable
+``ZW_WORKER_NAME``, see ``loadgen._workers``) writes its records and saturation samples to its
+own files, ``records-<group>@<worker>.jsonl``; the master logs its workers to
+``workers-<group>.jsonl`` and quits everybody once every worker's users are done.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from loadgen import (
 )
 from loadgen._saturation import ENV_VAR as SATURATION_ENV_VAR
 from loadgen._saturation import sample_saturation
+from loadgen._workers import group_file, this_worker
 
 OPTION = "--zw-group-config"
 ENV_VAR = "ZW_GROUP_CONFIG"
@@ -55,24 +63,59 @@ def _add_arguments(parser: Any, **_kwargs: Any) -> None:
     )
 
 
+_installed: list[GroupRunConfig] = []
+
+
 @events.init.add_listener
 def _on_init(environment: Environment, **_kwargs: Any) -> None:
     quit_when_users_done(environment)
     exit_zero_on_request_failures(environment)
-    sample_saturation(environment, path=os.environ.get(SATURATION_ENV_VAR))
+    worker = this_worker()
+    saturation = os.environ.get(SATURATION_ENV_VAR)
+    if worker is not None and _installed:
+        saturation = str(
+            group_file(worker.out_dir, "saturation", _installed[0].group.name, worker.name)
+        )
+    sample_saturation(environment, path=saturation)
+    if _installed:
+        from loadgen._distributed import announce_and_forward, collect_on_master
+
+        run = _installed[0]
+        collect_on_master(environment, run_dir=run.records_path.parent, group=run.group.name)
+        if worker is not None:
+            announce_and_forward(environment, worker=worker, group=run.group.name)
+
+
+def install_group(namespace: dict[str, Any], run: GroupRunConfig) -> None:
+    """Bind the user class of ``run`` in ``namespace`` (a locustfile's ``globals()``).
+
+    In a worker process (``ZW_WORKER_NAME`` set) the records go to the worker's own file
+    ``records-<group>@<worker>.jsonl`` in ``ZW_WORKER_DIR`` instead of ``run.records_path``.
+    Raises ``ValueError`` for an invalid worker name.
+    """
+    worker = this_worker()
+    records = run.records_path
+    if worker is not None:
+        records = group_file(worker.out_dir, "records", run.group.name, worker.name)
+    cls = user_class_from_config(
+        run.group, host=run.host, model=run.model, records_path=records, seed=run.seed
+    )
+    # Locust picks up every non-abstract User class among the locustfile's globals, so the
+    # class must be bound under exactly one name.
+    namespace[cls.__name__] = cls
+    _installed[:] = [run]
+
+
+def install_group_json(namespace: dict[str, Any], text: str) -> None:
+    """:func:`install_group` with the :class:`GroupRunConfig` as JSON text (generated
+    locustfiles). Raises ``pydantic.ValidationError`` for an invalid configuration."""
+    install_group(namespace, GroupRunConfig.model_validate_json(text))
 
 
 def _define_user_class() -> None:
-    # Locust picks up every non-abstract User class among this module's globals, so the class
-    # must be bound under exactly one name.
     path = _config_path()
-    if not path:
-        return
-    run = GroupRunConfig.from_file(path)
-    cls = user_class_from_config(
-        run.group, host=run.host, model=run.model, records_path=run.records_path, seed=run.seed
-    )
-    globals()[cls.__name__] = cls
+    if path:
+        install_group(globals(), GroupRunConfig.from_file(path))
 
 
 _define_user_class()
