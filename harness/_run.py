@@ -300,6 +300,8 @@ class _Run:
             status=self.status,
             failure=self.failure,
             exit_code=self.exit_code,
+            client_saturated=summary.client_saturation.saturated,
+            client_saturation=summary.client_saturation.message,
             ended_utc=datetime.now(UTC).isoformat(),
         )
         _write_json(self.run_dir / "run.json", self.info)
