@@ -230,8 +230,9 @@ class LoadWorker(BaseModel):
     """What became of one Locust worker of a group.
 
     ``status``: ``finished`` (ran until its master quit it), ``died`` (its process ended
-    early, or its master lost its heartbeat), ``never_joined`` (started here, never announced
-    itself to the master). ``requests_recorded``: complete lines in its records file, i.e.
+    early, or its master lost its heartbeat), ``never_joined`` (started here and never
+    announced itself to the master, or expected remote workers that never came: then
+    ``worker`` is ``"(N remote)"``). ``requests_recorded``: complete lines in its records file, i.e.
     requests it had finished (in-flight requests of a killed worker are lost).
     """
 
@@ -245,10 +246,12 @@ class LoadWorker(BaseModel):
 
     @property
     def message(self) -> str:
-        return (
-            f"load worker {self.worker} of group {self.group} {self.detail} after "
-            f"{self.requests_recorded} recorded requests"
-        )
+        """One line for the run's failure, e.g. ``load worker w2 of group fast was killed by
+        SIGKILL after 7 recorded requests``."""
+        text = f"load worker {self.worker} of group {self.group} {self.detail}"
+        if self.status == "never_joined":
+            return text
+        return f"{text} after {self.requests_recorded} recorded requests"
 
 
 def _count_lines(path: Path) -> int:
@@ -328,6 +331,16 @@ def worker_reports(load: LoadProcess, run_dir: Path) -> list[LoadWorker]:
                 detail=detail,
                 requests_recorded=_count_lines(group_file(run_dir, "records", group, name)),
             )
+        )
+    remote_missing = load.expected_workers - len(hello)
+    if remote_missing > 0 and len(hello) >= len(local):
+        reports.append(
+            LoadWorker(
+                group=group, worker=f"({remote_missing} remote)", host=None, pid=None,
+                status="never_joined", requests_recorded=0,
+                detail=f"never joined its master ({len(hello)} of "
+                f"{load.expected_workers} workers did)",
+            )  # fmt: skip
         )
     return reports
 

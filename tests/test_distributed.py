@@ -16,10 +16,16 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from harness._distributed import DistributedError, Distribution, parse_address
+from harness._distributed import (
+    DistributedError,
+    DistributedLoad,
+    Distribution,
+    parse_address,
+    worker_reports,
+)
 from harness._run import run_scenario
 from harness._scenario import Scenario
-from loadgen._workers import group_file, group_files, worker_of
+from loadgen._workers import group_file, group_files, worker_of, workers_log
 from tests.conftest import REPO, ZEROWINDOW, only_run_dir
 
 
@@ -256,3 +262,34 @@ def _to_toml(data: dict) -> str:
     for group in data["groups"]:
         lines += ["[[groups]]", *(f"{k} = {value(v)}" for k, v in group.items())]
     return "\n".join(lines) + "\n"
+
+
+def test_worker_reports_from_the_masters_log(tmp_path: Path) -> None:
+    """Remote workers are known only from the master's log: one went missing, one never came."""
+    master = subprocess.Popen(["true"])
+    master.wait()
+    load = DistributedLoad(
+        "g", ["locust"], master, tmp_path / "records-g.jsonl", tmp_path / "locust-g.log",
+        master_address="127.0.0.1:1", expected_workers=3,
+    )  # fmt: skip
+    log = workers_log(tmp_path, "g")
+    events = [
+        {"t": 1, "event": "hello", "client_id": "a", "worker": "r1", "host": "h1", "pid": 11},
+        {"t": 1, "event": "hello", "client_id": "b", "worker": "r2", "host": "h2", "pid": 12},
+        {"t": 5, "event": "missing", "client_id": "b", "worker": "r2"},
+        {"t": 6, "event": "missing", "client_id": "a", "worker": "r1"},
+        {"t": 7, "event": "back", "client_id": "a", "worker": "r1"},
+    ]
+    log.write_text("".join(json.dumps(e) + "\n" for e in events) + '{"t": 8, "ev')
+    group_file(tmp_path, "records", "g", "r2").write_text('{"a": 1}\n{"a": 2}\n{"a"')
+    reports = worker_reports(load, tmp_path)
+    assert [(r.worker, r.status, r.requests_recorded) for r in reports] == [
+        ("r1", "finished", 0),
+        ("r2", "died", 2),
+        ("(1 remote)", "never_joined", 0),
+    ]
+    assert reports[1].message == (
+        "load worker r2 of group g stopped sending heartbeats to its master after 2 recorded "
+        "requests"
+    )
+    assert reports[2].message.endswith("never joined its master (2 of 3 workers did)")
