@@ -223,6 +223,14 @@ def start_distributed_load(
     except OSError:
         load.stop(grace_s=2)
         raise
+    if remote_workers:
+        # The port may have been picked here: say where remote workers must connect.
+        print(
+            f"group {group.name}: Locust master on {bind_host}:{port} waits for "
+            f"{remote_workers} remote workers: zerowindow worker --master HOST:{port}",
+            file=sys.stderr,
+            flush=True,
+        )
     return load
 
 

@@ -34,6 +34,7 @@ from locust.env import Environment
 from loadgen import (
     GroupRunConfig,
     exit_zero_on_request_failures,
+    prompt_seed,
     quit_when_users_done,
     user_class_from_config,
 )
@@ -90,15 +91,20 @@ def install_group(namespace: dict[str, Any], run: GroupRunConfig) -> None:
     """Bind the user class of ``run`` in ``namespace`` (a locustfile's ``globals()``).
 
     In a worker process (``ZW_WORKER_NAME`` set) the records go to the worker's own file
-    ``records-<group>@<worker>.jsonl`` in ``ZW_WORKER_DIR`` instead of ``run.records_path``.
+    ``records-<group>@<worker>.jsonl`` in ``ZW_WORKER_DIR`` instead of ``run.records_path``,
+    and the prompt seed is derived from ``run.seed`` and the worker name (prompts stay
+    deterministic, and differ between workers).
     Raises ``ValueError`` for an invalid worker name.
     """
     worker = this_worker()
-    records = run.records_path
+    records, seed = run.records_path, run.seed
     if worker is not None:
         records = group_file(worker.out_dir, "records", run.group.name, worker.name)
+        # User indices restart at 0 in every worker: without this, user 0 of every worker
+        # would send the same prompts (and hit a prefix cache that one process would not).
+        seed = prompt_seed(run.seed, "worker", worker.name)
     cls = user_class_from_config(
-        run.group, host=run.host, model=run.model, records_path=records, seed=run.seed
+        run.group, host=run.host, model=run.model, records_path=records, seed=seed
     )
     # Locust picks up every non-abstract User class among the locustfile's globals, so the
     # class must be bound under exactly one name.
