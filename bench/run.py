@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from _loadgen_bench import ItlResult, run_itl, run_slow  # bench/ is sys.path[0]
+
 from harness._sim._bench import run_benchmark
 
 ROOT = Path(__file__).resolve().parent
@@ -76,12 +77,21 @@ def _n(value: float, digits: int = 0) -> str:
     return "-" if value is None or math.isnan(value) else f"{value:,.{digits}f}"
 
 
+def _load() -> str:
+    one, five, _ = os.getloadavg()
+    return (
+        f"Load average when this section started: {one:.1f} (1 min), {five:.1f} (5 min) on "
+        f"{os.cpu_count()} CPUs (other work on the machine shares both cores)."
+    )
+
+
 def _slow_section() -> list[str]:
+    load = _load()
     r = run_slow(streams=SLOW_TARGET_STREAMS)
     met = r.streams_open >= SLOW_TARGET_STREAMS and r.cpu_pct < SLOW_TARGET_CPU_PCT
     row = (
         f"| {r.target_streams:,} | {r.streams_open:,} | {_n(r.cpu_pct, 1)} | {_n(r.rss_mib)} | "
-        f"{_n(r.loop_lag_p99_ms, 1)} | {_n(r.read_rate_p50_bytes_per_s, 1)} | "
+        f"{_n(r.loop_lag_p99_ms, 1)} | {_n(r.read_rate_p50_bytes_per_s, 1)} | {_n(r.ramp_s)} | "
         f"{'yes' if met else 'no'} | `{r.command}` |"
     )
     print(row, flush=True)
@@ -97,11 +107,14 @@ def _slow_section() -> list[str]:
         "process's user + system time over 15 s once every stream was open (streams open: "
         "the server's count, lowest in that window); loop lag is the gevent hub's p99 in that "
         "window; read rate is each stream's bytes over its first-to-last byte time (p50). "
-        "RLIMIT_NOFILE is raised to its hard limit.",
+        "RLIMIT_NOFILE is raised to its hard limit. Ramp: time from starting the load "
+        "process until the server counted every stream open (Locust spawns 1,000 users/s).",
+        "",
+        load,
         "",
         "| streams wanted | streams open | CPU % of one core | RSS MiB | loop lag p99 ms "
-        "| read B/s p50 | target met | command |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
+        "| read B/s p50 | ramp s | target met | command |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
         row,
         "",
     ]
@@ -138,6 +151,7 @@ def _itl_rows(results: list[ItlResult]) -> list[str]:
 
 
 def _itl_sections() -> list[str]:
+    load = _load()
     ours = [run_itl(client="zerowindow", streams=s, interval_ms=i, events=e)
             for s, i, e in ITL_WORKLOADS]  # fmt: skip
     theirs = [run_itl(client="vllm", streams=s, interval_ms=i, events=e)
@@ -162,7 +176,11 @@ def _itl_sections() -> list[str]:
         "every pair of consecutive chunks; delay: client timestamp - emission time. Interval "
         "0 means the server writes as fast as each socket takes it: the events/s there is the "
         "client's ceiling (many chunks per `recv`, so ITL is meaningless). Client CPU: the "
-        "saturation sampler's p50 (ours) or CPU time over wall time (vLLM's).",
+        "mean of the saturation sampler's samples while streaming (ours), CPU time over the "
+        "wall time of the requests (vLLM's). Events/s counts the window in which every "
+        "stream was streaming.",
+        "",
+        load,
         "",
         *header,
         *_itl_rows(ours),
