@@ -188,7 +188,8 @@ def run_slow(
     run_time = int(ramp_s + window_s + 140)
     argv, env = _locust(workdir, users=streams, spawn_rate=spawn_rate, run_time_s=run_time)
     _raise_nofile()
-    proc = subprocess.Popen(argv, env=env, cwd=workdir, stderr=subprocess.PIPE, text=True)
+    log = open(workdir / "locust.log", "wb")  # noqa: SIM115 - a pipe nobody reads would block it
+    proc = subprocess.Popen(argv, env=env, cwd=workdir, stdout=log, stderr=subprocess.STDOUT)
     try:
         # Wait until every stream is open, or the count has not risen for 15 s.
         best, best_at, t0 = 0, time.monotonic(), time.monotonic()
@@ -227,6 +228,10 @@ def run_slow(
             if first and last and last - first > 5:
                 rates.append(r["bytes_received"] / (last - first))
     _, lag_p99 = _saturation(workdir / "saturation-bench.jsonl", (w0, w1))
+    log.close()
+    if min(opened, default=0) < streams:  # say why, from the load process's own log
+        tail = (workdir / "locust.log").read_text(errors="replace")[-1500:]
+        print(f"slow readers: not every stream opened; Locust log ends:\n{tail}", file=sys.stderr)
     shutil.rmtree(workdir, ignore_errors=True)
     return SlowResult(
         target_streams=streams,
