@@ -344,8 +344,12 @@ def worker_reports(load: LoadProcess, run_dir: Path) -> list[LoadWorker]:
     if remote_missing > 0 and len(hello) >= len(local):
         reports.append(
             LoadWorker(
-                group=group, worker=f"({remote_missing} remote)", host=None, pid=None,
-                status="never_joined", requests_recorded=0,
+                group=group,
+                worker=f"({remote_missing} remote)",
+                host=None,
+                pid=None,
+                status="never_joined",
+                requests_recorded=0,
                 detail=f"never joined its master ({len(hello)} of "
                 f"{load.expected_workers} workers did)",
             )  # fmt: skip

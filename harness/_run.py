@@ -28,7 +28,12 @@ import pandas as pd
 from pydantic import ValidationError
 
 from harness._collectors import MetricsScraper, SocketSampler
-from harness._distributed import Distribution, start_distributed_load, worker_reports
+from harness._distributed import (
+    EXPECT_WORKERS_MAX_WAIT_S,
+    Distribution,
+    start_distributed_load,
+    worker_reports,
+)
 from harness._loadrun import LoadProcess, start_load
 from harness._proxies import make_proxy
 from harness._runinfo import host_facts, versions
@@ -192,6 +197,8 @@ class _Run:
 
     def _wait(self) -> None:
         deadline = self.t_load + self.scenario.max_duration_s + 30
+        if self.distribution is not None and self.distribution.remote_workers:
+            deadline += EXPECT_WORKERS_MAX_WAIT_S  # the masters' clocks start once all joined
         while any(load.running() for load in self.loads):
             if reason := self._target_failure():
                 raise TargetError(reason)
