@@ -10,6 +10,7 @@ import typer
 
 from harness._baseline import BaselineError, save_baseline
 from harness._console import print_gates, print_summary
+from harness._distributed import DistributedError, Distribution, parse_address, run_worker
 from harness._progress import RunProgress
 from harness._run import EXIT_SETUP, run_scenario
 from harness._scenario import ScenarioError, load_scenario
@@ -71,6 +72,22 @@ def run(
     progress: Annotated[
         bool, typer.Option(help="live progress (plain lines when stdout is not a terminal)")
     ] = True,
+    workers: Annotated[
+        int,
+        typer.Option(
+            min=0, help="run each user group as a Locust master with N worker processes here"
+        ),
+    ] = 0,
+    remote_workers: Annotated[
+        int,
+        typer.Option(min=0, help="also wait for N workers joining with `zerowindow worker`"),
+    ] = 0,
+    master_bind: Annotated[
+        str,
+        typer.Option(
+            help="HOST[:PORT] the masters listen on (group i on PORT+i; port 0: free ports)"
+        ),
+    ] = "127.0.0.1:0",
 ) -> None:
     """Run SCENARIO and write results/<scenario>/<UTC timestamp>/.
 
@@ -86,6 +103,13 @@ def run(
         config = load_scenario(scenario)
     except ScenarioError as exc:
         _setup_error(scenario, "invalid scenario", str(exc))
+    distribution = None
+    if workers or remote_workers:
+        try:
+            host, port = parse_address(master_bind, default_port=0)
+            distribution = Distribution(workers, remote_workers, host, port)
+        except DistributedError as exc:
+            _setup_error(scenario, "invalid argument", str(exc))
     try:
         result = run_scenario(
             config,
@@ -95,6 +119,7 @@ def run(
             baseline=baseline,
             use_baseline=not no_baseline,
             progress=RunProgress() if progress else None,
+            distribution=distribution,
         )
     except ScenarioError as exc:
         _setup_error(scenario, "invalid argument", str(exc))
@@ -197,6 +222,29 @@ def compare(
         typer.echo(render(comparison, fmt), nl=False)
     if html is not None:
         typer.echo(f"HTML comparison written to {html}", err=fmt != "table")
+
+
+@app.command()
+def worker(
+    master: Annotated[str, typer.Option(help="HOST:PORT of a group's Locust master")],
+    out: Annotated[
+        Path, typer.Option(help="folder for this worker's own copy of its files")
+    ] = Path("results/worker"),
+    name: Annotated[
+        str | None, typer.Option(help="worker name in file names (default HOSTNAME-PID)")
+    ] = None,
+) -> None:
+    """Join a master of `zerowindow run --remote-workers N` as one Locust worker; its records
+    reach the run folder through the master."""
+    try:
+        code = run_worker(master, out_dir=out, name=name)
+    except DistributedError as exc:
+        typer.echo(f"invalid argument\n{exc}", err=True)
+        raise typer.Exit(EXIT_SETUP) from None
+    except OSError as exc:
+        typer.echo(f"cannot start the Locust worker: {exc}", err=True)
+        raise typer.Exit(EXIT_SETUP) from None
+    raise typer.Exit(code)
 
 
 @model_app.command("tiny")
