@@ -10,8 +10,9 @@ runs in ``client_netns``; both are plain sockets of this process, created in the
   not inflate it. ``app_rtt_min_ms``/``app_rtt_p50_ms`` are the round trips as this process timed
   them; on a loaded machine (measured: four busy loops on two cores) the median grows by 5-20 ms
   of scheduling delay of the probe itself while ``rtt_ms`` stays within 1-2 ms of the link's.
-* Throughput: a bulk TCP transfer for ``duration_s`` each way; goodput = application bytes
-  received / time from the first to the last byte counted (kbit/s, 1 kbit = 1000 bit). Goodput
+* Throughput: a bulk TCP transfer each way for ``duration_s``, or 8 RTTs when longer; goodput =
+  application bytes received over the second half of that window / its duration (kbit/s,
+  1 kbit = 1000 bit), so slow start on a long-RTT link does not count. Goodput
   excludes TCP/IP/Ethernet headers, so on a rate-limited link it is ~95 % of ``rate_kbit``
   (1448 payload bytes per 1514-byte frame).
 * Loss: ``udp_packets`` numbered UDP datagrams each way, paced below the link's rate so the rate
@@ -37,7 +38,10 @@ _TCPI_RTT_OFFSET = 68  # struct tcp_info: __u32 tcpi_rtt (us), include/uapi/linu
 
 @dataclass(frozen=True)
 class LinkMeasurement:
-    """Measured figures of a link (see module doc for the method). None: not measured."""
+    """Measured figures of a link (see module doc for the method). None: not measured.
+
+    ``duration_s`` is the bulk-transfer window used per direction (0 without throughput).
+    """
 
     rtt_ms: float
     app_rtt_min_ms: float
@@ -71,7 +75,7 @@ def _connect(netns: str | None, addr: tuple[str, int], timeout: float) -> socket
 
 
 def _rtt(client_netns: str | None, server_netns: str | None, server_addr: str, samples: int,
-         timeout: float) -> tuple[float, float, float]:
+         timeout: float, max_s: float = 1e9) -> tuple[float, float, float]:
     lst = _listener(server_netns, server_addr)
     lst.settimeout(timeout)
 
@@ -93,8 +97,11 @@ def _rtt(client_netns: str | None, server_netns: str | None, server_addr: str, s
     t.start()
     try:
         with _connect(client_netns, lst.getsockname(), timeout) as c:
-            rtts = []
+            rtts: list[float] = []
+            start = time.perf_counter()
             for _ in range(samples):
+                if len(rtts) >= 3 and time.perf_counter() - start > max_s:
+                    break
                 t0 = time.perf_counter()
                 c.sendall(b"x")
                 if not c.recv(16):
@@ -128,21 +135,23 @@ def _throughput(sender_netns: str | None, receiver_netns: str | None, addr: str,
 
     def receive(s: socket.socket) -> None:
         s.settimeout(timeout)
-        first = last = 0.0
+        marks: list[tuple[float, int]] = []  # (time, bytes received so far)
         got = 0
         while True:
             data = s.recv(262144)
             if not data:
                 break
+            got += len(data)
             now = time.perf_counter()
-            if not first:
-                first = now  # bytes of the first read only mark the start
-            else:
-                got += len(data)
-                last = now
-            if now - first >= duration_s:
+            marks.append((now, got))
+            if now - marks[0][0] >= duration_s:
                 break
-        result["kbit"] = got * 8 / 1000 / (last - first) if last > first else 0.0
+        # Goodput over the second half of the window: slow start is over by then (the window
+        # is at least 8 RTTs long, see measure_link).
+        half = marks[0][0] + (marks[-1][0] - marks[0][0]) / 2 if marks else 0.0
+        t0, b0 = next(((t, b) for t, b in marks if t >= half), (0.0, 0))
+        t1, b1 = marks[-1] if marks else (0.0, 0)
+        result["kbit"] = (b1 - b0) * 8 / 1000 / (t1 - t0) if t1 > t0 else 0.0
 
     conns: list[socket.socket] = []
 
@@ -237,6 +246,7 @@ def measure_link(
     rtt_samples: int = 20,
     udp_packets: int = 1000,
     max_pps: float = 2000.0,
+    max_phase_s: float = 4.0,
     timeout_s: float = 15.0,
     throughput: bool = True,
     loss: bool = True,
@@ -245,26 +255,32 @@ def measure_link(
     (``server_addr``) as described in the module doc.
 
     ``profile`` (the requested one, optional) only sets the UDP pacing: at most a quarter of the
-    slower direction's ``rate_kbit``, and at most ``max_pps``. Returns a :class:`LinkMeasurement`;
+    slower direction's ``rate_kbit``, and at most ``max_pps``. The RTT round trips (at least 3)
+    and each direction's UDP datagrams (at least 100) are cut to what fits in ``max_phase_s``, so a
+    slow link (EDGE: 650 ms RTT, 59 datagrams/s) is probed in bounded time; the count used is in
+    the result. Returns a :class:`LinkMeasurement`;
     raises ``OSError``/``ConnectionError`` when the path does not carry traffic at all.
     """
-    rtt_ms, app_min, app_p50 = _rtt(client_netns, server_netns, server_addr, rtt_samples, timeout_s)
+    rtt_ms, app_min, app_p50 = _rtt(client_netns, server_netns, server_addr, rtt_samples,
+                                    timeout_s, max_phase_s)
     down = up = down_loss = up_loss = None
+    window_s = max(duration_s, 8 * rtt_ms / 1000)
     if throughput:
-        down = _throughput(server_netns, client_netns, server_addr, duration_s, timeout_s,
+        down = _throughput(server_netns, client_netns, server_addr, window_s, timeout_s,
                            receiver_listens=False)
-        up = _throughput(client_netns, server_netns, server_addr, duration_s, timeout_s,
+        up = _throughput(client_netns, server_netns, server_addr, window_s, timeout_s,
                          receiver_listens=True)
     if loss:
         pps = max_pps
         rates = [d.rate_kbit for d in (profile.down, profile.up) if d.rate_kbit] if profile else []
         if rates:
             pps = min(pps, min(rates) * 1000 * 0.25 / _UDP_WIRE_BITS)
+        udp_packets = min(udp_packets, max(100, int(pps * max_phase_s)))
         drain_s = 1.0 + 2 * rtt_ms / 1000
         down_loss = _loss(server_netns, client_netns, client_addr, udp_packets, pps, drain_s)
         up_loss = _loss(client_netns, server_netns, server_addr, udp_packets, pps, drain_s)
     return LinkMeasurement(
         rtt_ms=rtt_ms, app_rtt_min_ms=app_min, app_rtt_p50_ms=app_p50, down_kbit=down, up_kbit=up,
         down_loss_pct=down_loss, up_loss_pct=up_loss, udp_packets=udp_packets if loss else 0,
-        duration_s=duration_s,
+        duration_s=window_s if throughput else 0.0,
     )

@@ -142,6 +142,7 @@ def test_5pct_loss_gives_3_to_7pct(link: NsPair):
     p = LinkProfile(down=DirectionProfile(loss_pct=5), up=DirectionProfile(loss_pct=5))
     with apply_profile(p, netns=link.client_ns, ifname=link.client_if) as shaping:
         m = _measure(link, shaping.profile, throughput=False, udp_packets=4000)
+    assert m.udp_packets == 4000, m  # type: ignore[attr-defined]
     for got in (m.down_loss_pct, m.up_loss_pct):  # type: ignore[attr-defined]
         assert got is not None and 3.0 <= got <= 7.0, m
     _nothing_left(link)
@@ -183,6 +184,7 @@ def test_loss_through_iptables_statistic_when_nft_is_missing(link: NsPair):
         assert {k for k, _ in shaping.created} >= {"iptables-chain"}
         assert {n for k, n in shaping.created if k == "nft-table"} <= {"ip mangle"}
         m = _measure(link, p, throughput=False, udp_packets=4000)
+    assert m.udp_packets == 4000, m  # type: ignore[attr-defined]
     for got in (m.down_loss_pct, m.up_loss_pct):  # type: ignore[attr-defined]
         assert got is not None and 3.0 <= got <= 7.0, m
     _nothing_left(link)
