@@ -423,6 +423,9 @@ def apply_profile(
 ) -> AppliedShaping:
     """Shape the link whose client-side interface is ``ifname`` in ``netns`` (None: host).
 
+    ``ifname`` must be one of the toolkit's own interfaces (named ``zw-*``), else
+    :class:`ShapingError`: nothing the toolkit did not create is ever changed.
+
     ``profile.up`` goes on the interface's egress and ``profile.down`` on its ingress. ``backend``
     is ``"auto"``, ``"netem"`` or ``"fallback"``. ``on_create(kind, name, netns)`` is called right
     after each resource exists (for a state file). A delay line writes its messages after start-up
@@ -432,6 +435,11 @@ def apply_profile(
     ``features`` replaces the probed :class:`~netem.KernelFeatures` (a caller that probed already,
     or a test that hides a feature to exercise the alternative path).
     """
+    if not ifname.startswith("zw-"):
+        raise ShapingError(
+            f"refusing to shape interface {ifname!r}: the toolkit only changes interfaces it "
+            "created, and those are named zw-*"
+        )
     f = features or probe_kernel()
     b, reason = select_backend(profile, netns, backend, f)
     shaping = AppliedShaping(backend=b.kind, reason=reason, profile=profile, netns=netns,

@@ -17,6 +17,7 @@ from netem import (
     PRESETS,
     DirectionProfile,
     LinkProfile,
+    ShapingError,
     ShapingUnsupported,
     UnknownPreset,
     apply_profile,
@@ -206,7 +207,10 @@ def test_unsupported_profile_fails_before_anything_is_applied(link: NsPair):
         apply_profile(LinkProfile(up=DirectionProfile(delay_ms=5)), netns=link.client_ns,
                       ifname=link.client_if, backend="netem")
     with pytest.raises(ShapingUnsupported, match="need a network namespace the run created"):
-        apply_profile(LinkProfile(up=DirectionProfile(delay_ms=5)), netns=None, ifname="lo")
+        apply_profile(LinkProfile(up=DirectionProfile(delay_ms=5)), netns=None,
+                      ifname="zw-not-there")
+    with pytest.raises(ShapingError, match="refusing to shape interface 'lo'"):
+        apply_profile(LinkProfile(up=DirectionProfile(rate_kbit=5)), netns=None, ifname="lo")
     assert created == []
     _nothing_left(link)
 
