@@ -130,6 +130,15 @@ def test_100ms_delay_gives_100ms_tcp_rtt(link: NsPair):
     _nothing_left(link)
 
 
+def test_jitter_spreads_the_rtt_around_the_delay(link: NsPair):
+    p = LinkProfile(down=DirectionProfile(delay_ms=50, jitter_ms=20))  # 30-70 ms, uniform
+    with apply_profile(p, netns=link.client_ns, ifname=link.client_if) as shaping:
+        m = _measure(link, shaping.profile, throughput=False, loss=False, rtt_samples=40)
+    assert 28 <= m.app_rtt_min_ms <= 40, m  # type: ignore[attr-defined]
+    assert 42 <= m.app_rtt_p50_ms <= 62, m  # type: ignore[attr-defined]
+    _nothing_left(link)
+
+
 def test_1mbit_rate_gives_1mbit_throughput(link: NsPair):
     p = LinkProfile(down=DirectionProfile(rate_kbit=1000), up=DirectionProfile(rate_kbit=1000))
     with apply_profile(p, netns=link.client_ns, ifname=link.client_if) as shaping:
