@@ -7,7 +7,8 @@ on its ingress (through an IFB device). It returns an :class:`AppliedShaping` wh
 
 Backends (registered in :data:`BACKENDS` by ``kind``):
 
-* ``netem``: the kernel's netem qdisc (``tc-netem(8)``) via pyroute2; honours every field.
+* ``netem``: the kernel's netem qdisc (``tc-netem(8)``) via pyroute2, with a ``tbf`` child for
+  the rate; honours every field.
 * ``fallback``: for kernels without netem. Rate: ``tbf``; loss: an nftables ``numgen random``
   drop rule in table ``inet zw-shape-*`` (or the iptables ``statistic`` match when nft is
   missing); delay, jitter and reorder: a userspace delay line (:mod:`netem._delayline`, NFQUEUE)
@@ -201,6 +202,13 @@ class NetemBackend:
 
     @staticmethod
     def options(d: DirectionProfile) -> dict[str, Any]:
+        """netem qdisc options (pyroute2 ``sched_netem``) for ``d``, without the rate.
+
+        The rate goes into a ``tbf`` child of the netem qdisc instead (``tc-netem(8)``'s
+        "netem + tbf" recipe): pyroute2 leaves a ``rate`` keyword also in the request's
+        top-level attributes, where the kernel reads it as a rate estimator (TCA_RATE) and
+        refuses the request with ERANGE (seen on this kernel).
+        """
         o: dict[str, Any] = {
             "delay": int(d.delay_ms * 1000),  # us
             "jitter": int(d.jitter_ms * 1000),
@@ -212,16 +220,22 @@ class NetemBackend:
             o["prob_reorder"] = d.reorder_pct
         if d.corrupt_pct:
             o["prob_corrupt"] = d.corrupt_pct
-        if d.rate_kbit:
-            o["rate"] = f"{int(d.rate_kbit * 1000)}bit"
         return o
+
+    def _netem(self, a: _Applier, ifname: str, d: DirectionProfile) -> None:
+        a.root_qdisc(ifname, "netem", **self.options(d))
+        if d.rate_kbit:
+            idx = a.ifindex(ifname)
+            with ipr(a.netns) as ip:  # child of netem's class 1:1, removed with the root
+                ip.tc("add", "tbf", idx, 0xA0000, parent=ROOT_HANDLE + 1,
+                      **_tbf_options(d.rate_kbit))
 
     def apply(self, profile: LinkProfile, a: _Applier) -> None:
         if not profile.up.is_empty:
-            a.root_qdisc(a.s.ifname, "netem", **self.options(profile.up))
+            self._netem(a, a.s.ifname, profile.up)
         if not profile.down.is_empty:
             ifb = a.ingress_ifb()
-            a.root_qdisc(ifb, "netem", **self.options(profile.down))
+            self._netem(a, ifb, profile.down)
 
 
 class FallbackBackend:

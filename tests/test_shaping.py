@@ -179,7 +179,7 @@ def test_netem_backend_options_use_tc_units():
                                               rate_kbit=700, reorder_pct=5, corrupt_pct=0.1))
     assert o["delay"] == 150_000 and o["jitter"] == 20_000  # microseconds
     assert o["loss"] == 1.5 and o["prob_reorder"] == 5 and o["prob_corrupt"] == 0.1
-    assert o["rate"] == "700000bit"
+    assert "rate" not in o  # a tbf child carries the rate
 
 
 def test_loss_through_iptables_statistic_when_nft_is_missing(link: NsPair):
@@ -198,6 +198,35 @@ def test_loss_through_iptables_statistic_when_nft_is_missing(link: NsPair):
     for got in (m.down_loss_pct, m.up_loss_pct):  # type: ignore[attr-defined]
         assert got is not None and 3.0 <= got <= 7.0, m
     _nothing_left(link)
+
+
+def test_netem_backend_requests_reach_the_kernel(link: NsPair):
+    """Where netem exists, the netem backend applies every field; here (no netem) its netlink
+    requests still encode and reach the kernel, which refuses the qdisc kind (ENOENT), and what
+    was made before that (IFB, ingress redirect) is released."""
+    import errno
+
+    from pyroute2.netlink.exceptions import NetlinkError
+
+    from netem import BACKENDS, AppliedShaping
+    from netem._shaping import _Applier, shaping_tag
+
+    full = DirectionProfile(delay_ms=20, jitter_ms=5, loss_pct=1, rate_kbit=1000, reorder_pct=5,
+                            duplicate_pct=1, corrupt_pct=0.1)
+    f = probe_kernel()
+    for p in (LinkProfile(up=full), LinkProfile(down=full)):
+        if f.netem:
+            with apply_profile(p, netns=link.client_ns, ifname=link.client_if, backend="netem"):
+                assert "netem" in {q.kind for q in show(link.client_ns, link.client_if).qdiscs}
+        else:
+            s = AppliedShaping(backend="netem", reason="test", profile=p, netns=link.client_ns,
+                               ifname=link.client_if,
+                               tag=shaping_tag(link.client_ns, link.client_if))
+            with pytest.raises(NetlinkError) as e:
+                BACKENDS["netem"].apply(p, _Applier(s, None, f))
+            assert e.value.code == errno.ENOENT
+            assert s.release() == []
+        _nothing_left(link)
 
 
 # --- failure before applying, release, clean ---------------------------------------------------
