@@ -52,8 +52,9 @@ def _measure(pair: NsPair, profile: LinkProfile, **kw: object) -> object:
 def _nothing_left(pair: NsPair) -> None:
     state = show(pair.client_ns, pair.client_if)
     assert not state.shaped, state
-    assert leftovers(namespaces=[pair.client_ns]) == []
+    assert leftovers(namespaces=[pair.client_ns, pair.server_ns]) == []
     assert [q.kind for q in state.qdiscs] == ["noqueue"]
+    assert [q.kind for q in show(pair.server_ns, pair.server_if).qdiscs] == ["noqueue"]
 
 
 # --- profiles (no privileges needed) ---------------------------------------------------------
@@ -141,7 +142,9 @@ def test_jitter_spreads_the_rtt_around_the_delay(link: NsPair):
 
 def test_1mbit_rate_gives_1mbit_throughput(link: NsPair):
     p = LinkProfile(down=DirectionProfile(rate_kbit=1000), up=DirectionProfile(rate_kbit=1000))
-    with apply_profile(p, netns=link.client_ns, ifname=link.client_if) as shaping:
+    with apply_profile(p, netns=link.client_ns, ifname=link.client_if,
+                       peer=(link.server_ns, link.server_if)) as shaping:
+        assert ("link", f"zw-ifbu-{shaping.tag[3:]}", link.server_ns) in shaping.resources
         m = _measure(link, shaping.profile, loss=False, duration_s=3.0)
     for got in (m.down_kbit, m.up_kbit):  # type: ignore[attr-defined]
         assert got is not None and 850 <= got <= 1150, m
@@ -150,7 +153,10 @@ def test_1mbit_rate_gives_1mbit_throughput(link: NsPair):
 
 def test_5pct_loss_gives_3_to_7pct(link: NsPair):
     p = LinkProfile(down=DirectionProfile(loss_pct=5), up=DirectionProfile(loss_pct=5))
-    with apply_profile(p, netns=link.client_ns, ifname=link.client_if) as shaping:
+    with apply_profile(p, netns=link.client_ns, ifname=link.client_if,
+                       peer=(link.server_ns, link.server_if)) as shaping:
+        assert {w for k, _, w in shaping.resources if k == "nft-table"} == {
+            link.client_ns, link.server_ns}
         m = _measure(link, shaping.profile, throughput=False, udp_packets=4000)
     assert m.udp_packets == 4000, m  # type: ignore[attr-defined]
     for got in (m.down_loss_pct, m.up_loss_pct):  # type: ignore[attr-defined]
