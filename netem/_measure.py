@@ -49,7 +49,8 @@ _TCP_INFO_LEN = 160
 class LinkMeasurement:
     """Measured figures of a link (see module doc for the method). None: not measured.
 
-    ``duration_s`` is the bulk-transfer window used per direction (0 without throughput).
+    ``duration_s`` is the bulk-transfer window used per direction (0 without throughput);
+    ``errors`` says why a throughput figure is None although it was asked for.
     """
 
     rtt_ms: float
@@ -61,6 +62,7 @@ class LinkMeasurement:
     up_loss_pct: float | None
     udp_packets: int
     duration_s: float
+    errors: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, float | int | None]:
         return asdict(self)
@@ -155,6 +157,7 @@ def _throughput(sender_netns: str | None, receiver_netns: str | None, addr: str,
         s.setblocking(False)
         marks: list[tuple[float, int]] = []
         mss = 0
+        eof = False
         start = time.perf_counter()
         while True:
             ready, _, _ = select.select([s], [], [], 0.02)
@@ -162,7 +165,8 @@ def _throughput(sender_netns: str | None, receiver_netns: str | None, addr: str,
                 try:
                     while s.recv(262144):
                         pass
-                    break  # EOF: the sender went away
+                    eof = True  # the sender went away
+                    break
                 except BlockingIOError:
                     pass
             now = time.perf_counter()
@@ -175,7 +179,11 @@ def _throughput(sender_netns: str | None, receiver_netns: str | None, addr: str,
         # RTTs long, see measure_link): least-squares slope of segments over time.
         tail = [(t, n) for t, n in marks if t >= start + duration_s / 2]
         if len(tail) < 3:
-            raise ConnectionError("bulk transfer: too few samples in the measured window")
+            raise ConnectionError(
+                f"bulk transfer: {len(tail)} samples in the second half of the window "
+                f"({len(marks)} in all, {time.perf_counter() - start:.2f} s of {duration_s:.2f} s"
+                f"{', the sender closed early' if eof else ''})"
+            )
         slope = float(np.polyfit([t for t, _ in tail], [n for _, n in tail], 1)[0])
         result["kbit"] = slope * mss * 8 / 1000
 
@@ -284,18 +292,26 @@ def measure_link(
     slower direction's ``rate_kbit``, and at most ``max_pps``. The RTT round trips (at least 3)
     and each direction's UDP datagrams (at least 100) are cut to what fits in ``max_phase_s``, so a
     slow link (EDGE: 650 ms RTT, 59 datagrams/s) is probed in bounded time; the count used is in
-    the result. Returns a :class:`LinkMeasurement`;
-    raises ``OSError``/``ConnectionError`` when the path does not carry traffic at all.
+    the result. Returns a :class:`LinkMeasurement`; raises ``OSError``/``ConnectionError`` when
+    the path does not carry traffic at all (the RTT phase or the UDP phase fails); a failed bulk
+    transfer leaves its figure None with the reason in ``errors``.
     """
     rtt_ms, app_min, app_p50 = _rtt(client_netns, server_netns, server_addr, rtt_samples,
                                     timeout_s, max_phase_s)
     down = up = down_loss = up_loss = None
     window_s = max(duration_s, 8 * rtt_ms / 1000)
+    errors: list[str] = []
     if throughput:
-        down = _throughput(server_netns, client_netns, server_addr, window_s, timeout_s,
-                           receiver_listens=False)
-        up = _throughput(client_netns, server_netns, server_addr, window_s, timeout_s,
-                         receiver_listens=True)
+        try:
+            down = _throughput(server_netns, client_netns, server_addr, window_s, timeout_s,
+                               receiver_listens=False)
+        except OSError as e:
+            errors.append(f"down throughput: {e}")
+        try:
+            up = _throughput(client_netns, server_netns, server_addr, window_s, timeout_s,
+                             receiver_listens=True)
+        except OSError as e:
+            errors.append(f"up throughput: {e}")
     if loss:
         pps = max_pps
         rates = [d.rate_kbit for d in (profile.down, profile.up) if d.rate_kbit] if profile else []
@@ -308,5 +324,5 @@ def measure_link(
     return LinkMeasurement(
         rtt_ms=rtt_ms, app_rtt_min_ms=app_min, app_rtt_p50_ms=app_p50, down_kbit=down, up_kbit=up,
         down_loss_pct=down_loss, up_loss_pct=up_loss, udp_packets=udp_packets if loss else 0,
-        duration_s=window_s if throughput else 0.0,
+        duration_s=window_s if throughput else 0.0, errors=tuple(errors),
     )
