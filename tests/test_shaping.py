@@ -145,6 +145,9 @@ def test_1mbit_rate_gives_1mbit_throughput(link: NsPair):
     with apply_profile(p, netns=link.client_ns, ifname=link.client_if,
                        peer=(link.server_ns, link.server_if)) as shaping:
         assert ("link", f"zw-ifbu-{shaping.tag[3:]}", link.server_ns) in shaping.resources
+        state = show(link.client_ns, link.client_if, peer=(link.server_ns, link.server_if))
+        assert {(q.ifname, q.kind) for q in state.peer_qdiscs} >= {
+            (link.server_if, "ingress"), (f"zw-ifbu-{shaping.tag[3:]}", "tbf")}
         m = _measure(link, shaping.profile, loss=False, duration_s=3.0)
     for got in (m.down_kbit, m.up_kbit):  # type: ignore[attr-defined]
         assert got is not None and 850 <= got <= 1150, m
