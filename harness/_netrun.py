@@ -173,6 +173,9 @@ class RunNetwork:
                     ifname=link.client_ifname,
                     backend=c.backend,
                     on_create=self._on_create,
+                    # Up-direction rate and loss on the server end's ingress, like a real link
+                    # (no local drops that TCP would see as failed sends).
+                    peer=(self.topology.server_ns, link.server_ifname),
                 )
             except ShapingError as exc:
                 raise NetemError(f"group {group}: {exc}") from None

@@ -30,10 +30,16 @@ from pydantic import ValidationError
 
 from harness._baseline import Baseline, baseline_path, load_baseline
 from harness._collectors import SOCKET_COLUMNS, MetricsScraper, SocketSampler
+from harness._distributed import (
+    EXPECT_WORKERS_MAX_WAIT_S,
+    Distribution,
+    start_distributed_load,
+    worker_reports,
+)
 from harness._figures import figures
 from harness._gates import GateResult, evaluate_gates, needs_baseline
 from harness._junit import write_junit
-from harness._loadrun import LoadProcess, records_path, saturation_path, start_load
+from harness._loadrun import LoadProcess, start_load
 from harness._netrun import RunNetwork, plan_network
 from harness._progress import RunProgress
 from harness._proxies import make_proxy
@@ -53,6 +59,7 @@ from harness._summary import (
 from harness._tables import chunks_frame, load_records, requests_frame, write_parquet
 from harness._targets import Target, TargetError, make_target
 from harness._verdicts import kv_held_verdict
+from loadgen._workers import group_files
 from netem._netns import NetemError
 
 # Exit codes of `zerowindow run`.
@@ -143,8 +150,10 @@ class _Run:
         proxy: NamedProxyConfig | None = None,
         manage_target: bool = True,
         network: RunNetwork | None = None,
+        distribution: Distribution | None = None,
     ) -> None:
         self.scenario = scenario
+        self.distribution = distribution
         self.scenario_path = scenario_path
         self.run_dir = run_dir
         self.target = target
@@ -235,19 +244,23 @@ class _Run:
         self._tick("load")
         for group in sorted(self.scenario.groups, key=lambda g: g.start_after_s):
             self._sleep_checking(t_load + group.start_after_s - time.monotonic())
-            self.loads.append(
-                start_load(
-                    group,
-                    run_dir=self.run_dir,
-                    host=self.client_url,
-                    model=self.target.served_model_name,
-                    seed=self.scenario.seed,
-                    max_duration_s=self.scenario.max_duration_s,
-                    netns=self.network.group_netns(group.name) if self.network else None,
+            common: dict[str, Any] = {
+                "run_dir": self.run_dir,
+                "host": self.client_url,
+                "model": self.target.served_model_name,
+                "seed": self.scenario.seed,
+                "max_duration_s": self.scenario.max_duration_s,
+            }
+            if self.distribution is None:
+                netns = self.network.group_netns(group.name) if self.network else None
+                self.loads.append(start_load(group, **common, netns=netns))
+                if self.network is not None:
+                    self.network.record_process(self.loads[-1].proc, f"locust {group.name}")
+            else:
+                index = len(self.loads)
+                self.loads.append(
+                    start_distributed_load(group, **common, **self.distribution.for_group(index))
                 )
-            )
-            if self.network is not None:
-                self.network.record_process(self.loads[-1].proc, f"locust {group.name}")
 
     def _target_failure(self) -> str | None:
         reason = self.target.failure() or self.proxy.failure()
@@ -273,6 +286,8 @@ class _Run:
 
     def _wait(self) -> None:
         deadline = self.t_load + self.scenario.max_duration_s + 30
+        if self.distribution is not None and self.distribution.remote_workers:
+            deadline += EXPECT_WORKERS_MAX_WAIT_S  # the masters' clocks start once all joined
         while any(load.running() for load in self.loads):
             if reason := self._target_failure():
                 raise TargetError(reason)
@@ -338,7 +353,7 @@ class _Run:
             self.info["network"] = self.network.describe()
         self.info["proxy"] = self.proxy.describe()
         self.info["client_facing_port"] = self.client_port
-        self.info["load_processes"] = [{"group": ld.group, "argv": ld.argv} for ld in self.loads]
+        self.info["load_processes"] = [ld.describe() for ld in self.loads]
         self.info["target"] = self.target.describe()
         return self._write_results()
 
@@ -352,7 +367,8 @@ class _Run:
             self.sockets.rows if self.sockets else [],
             columns=SOCKET_COLUMNS,
         )
-        records = load_records(records_path(self.run_dir, g.name) for g in self.scenario.groups)
+        groups = [g.name for g in self.scenario.groups]
+        records = load_records(p for g in groups for p in group_files(self.run_dir, "records", g))
         # Requests meet the server on the client-facing port (the proxy's, if any).
         client_sockets = sockets[sockets["local_port"] == self.client_port]
         requests = requests_frame(records, client_sockets)
@@ -377,7 +393,12 @@ class _Run:
             generation_bound_s=self.scenario.verdict.generation_bound_s,
             min_observe_s=self.scenario.verdict.min_observe_s,
         )
-        names = group_names(requests, [g.name for g in self.scenario.groups])
+        names = group_names(requests, groups)
+        workers = [w for ld in self.loads for w in worker_reports(ld, self.run_dir)]
+        died = [w.message for w in workers if w.status != "finished"]
+        if died and self.status == "complete":
+            self.status, self.exit_code = "failed", EXIT_FAILED
+            self.failure = "; ".join(died)
         summary = RunSummary(
             scenario=self.scenario.name,
             status=self.status,
@@ -389,12 +410,13 @@ class _Run:
             ),
             verdicts={"kv_held_by_undelivered_streams": verdict.as_dict()},
             client_saturation=saturation_summary(
-                [saturation_path(self.run_dir, g.name) for g in self.scenario.groups]
+                [p for g in groups for p in _saturation_files(self.run_dir, g)]
             ),
             proxy=proxy_summary(
                 self.proxy_name, self.proxy_kind, self.probe.rows if self.probe else []
             ),
             stalled_flows=self.network.stalled if self.network and self.network.captures else None,
+            load_workers=workers,
         )
         if self.probe is not None:
             write_parquet(pd.DataFrame(self.probe.rows), self.run_dir / "proxy.parquet")
@@ -403,10 +425,17 @@ class _Run:
             status=self.status,
             failure=self.failure,
             exit_code=self.exit_code,
+            client_saturated=summary.client_saturation.saturated,
+            client_saturation=summary.client_saturation.message,
             ended_utc=datetime.now(UTC).isoformat(),
         )
         _write_json(self.run_dir / "run.json", self.info)
         return summary
+
+
+def _saturation_files(run_dir: Path, group: str) -> list[Path]:
+    # A group that was never sampled still names its file, so that the summary says so.
+    return group_files(run_dir, "saturation", group) or [run_dir / f"saturation-{group}.jsonl"]
 
 
 def url_target(scenario: Scenario, url: str) -> UrlTargetConfig:
@@ -483,6 +512,7 @@ def run_scenario(
     baseline: Path | None = None,
     use_baseline: bool = True,
     progress: RunProgress | None = None,
+    distribution: Distribution | None = None,
 ) -> RunResult:
     """Run ``scenario`` and write its run folder under ``out_root/<name>/<UTC timestamp>/``.
 
@@ -491,23 +521,38 @@ def run_scenario(
     ``results/baselines/<name>.json``) is loaded before anything starts; with
     ``use_baseline=False`` none is loaded and relative gates are reported as skipped (the first
     run of a scenario, to be saved as its baseline). ``progress`` shows the
-    run live (see :mod:`harness._progress`). Never raises for failures of the target or the
+    run live (see :mod:`harness._progress`). ``distribution`` runs each group as a Locust
+    master with workers (see :class:`harness._distributed.Distribution`); a worker that dies
+    fails the run (exit 1). Never raises for failures of the target or the
     load: they are recorded in ``run.json`` and ``summary.json`` and reflected in
     :attr:`RunResult.exit_code` (0 complete and every gate passed, 1 failed during the run or a
     gate failed, 2 could not start, 130 interrupted by SIGINT/SIGTERM). The gates are written
     to ``gates.json`` and ``junit.xml``. Raises :class:`ScenarioError` for an invalid
-    ``target_url``, or for a target the run cannot start inside its server namespace when the
-    scenario needs one, and :class:`~harness._baseline.BaselineError` for a baseline that is
-    needed but missing or invalid, all before anything starts.
+    ``target_url``, for ``distribution`` combined with network profiles, or for a target the
+    run cannot start inside its server namespace when the scenario needs one, and
+    :class:`~harness._baseline.BaselineError` for a baseline that is needed but missing or
+    invalid, all before anything starts.
     """
     if target_url is not None:
         scenario = scenario.model_copy(update={"target": url_target(scenario, target_url)})
     scenario, network = plan_network(scenario)
+    if network is not None and distribution is not None:
+        raise ScenarioError(
+            "--workers cannot be combined with network profiles, [server_net] or "
+            "[netem] isolate yet: distributed load processes do not run in namespaces"
+        )
     base = _baseline_for(scenario, baseline, use=use_baseline)
     run_dir = new_run_dir(out_root, scenario.name)
     if scenario_path is not None:
         shutil.copyfile(scenario_path, run_dir / "scenario.toml")
-    run = _Run(scenario, scenario_path, run_dir, make_target(scenario.target), network=network)
+    run = _Run(
+        scenario,
+        scenario_path,
+        run_dir,
+        make_target(scenario.target),
+        network=network,
+        distribution=distribution,
+    )
     run.progress = progress
     if progress is not None:
         progress.start(

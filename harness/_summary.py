@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel
 
+from harness._distributed import LoadWorker
 from harness._proxy_probe import ProxySummary
 from harness._saturation import SaturationSummary
 from harness._stalls import generation_tokens, undelivered_tokens
@@ -97,6 +98,7 @@ class RunSummary(BaseModel):
     # With [netem] capture: per flow that saw a zero window, who advertised it, the time from
     # the first zero window to the RST and who sent it (netem._wire.stalled_flows).
     stalled_flows: list[dict[str, Any]] | None = None
+    load_workers: list[LoadWorker] = []  # Locust workers of distributed groups (--workers)
 
 
 def _ms(values: list[float], q: float) -> float | None:

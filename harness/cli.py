@@ -10,6 +10,7 @@ import typer
 
 from harness._baseline import BaselineError, save_baseline
 from harness._console import print_gates, print_summary
+from harness._distributed import DistributedError, Distribution, parse_address, run_worker
 from harness._progress import RunProgress
 from harness._run import EXIT_SETUP, run_scenario
 from harness._scenario import Scenario, ScenarioError, load_scenario
@@ -71,6 +72,22 @@ def run(
     progress: Annotated[
         bool, typer.Option(help="live progress (plain lines when stdout is not a terminal)")
     ] = True,
+    workers: Annotated[
+        int,
+        typer.Option(
+            min=0, help="run each user group as a Locust master with N worker processes here"
+        ),
+    ] = 0,
+    remote_workers: Annotated[
+        int,
+        typer.Option(min=0, help="also wait for N workers joining with `zerowindow worker`"),
+    ] = 0,
+    master_bind: Annotated[
+        str,
+        typer.Option(
+            help="HOST[:PORT] the masters listen on (group i on PORT+i; port 0: free ports)"
+        ),
+    ] = "127.0.0.1:0",
 ) -> None:
     """Run SCENARIO and write results/<scenario>/<UTC timestamp>/ (with `proxies = [...]`: one
     run folder per proxy configuration in it, and the comparison).
@@ -87,7 +104,20 @@ def run(
         config = load_scenario(scenario)
     except ScenarioError as exc:
         _setup_error(scenario, "invalid scenario", str(exc))
+    distribution = None
+    if workers or remote_workers:
+        try:
+            host, port = parse_address(master_bind, default_port=0)
+            distribution = Distribution(workers, remote_workers, host, port)
+        except DistributedError as exc:
+            _setup_error(scenario, "invalid argument", str(exc))
     if config.proxies:
+        if distribution is not None:
+            _setup_error(
+                scenario,
+                "invalid argument",
+                "--workers/--remote-workers do not apply to a scenario with proxies = [...] yet",
+            )
         _run_comparison(config, scenario, out, target_url)
     try:
         result = run_scenario(
@@ -98,6 +128,7 @@ def run(
             baseline=baseline,
             use_baseline=not no_baseline,
             progress=RunProgress() if progress else None,
+            distribution=distribution,
         )
     except ScenarioError as exc:
         _setup_error(scenario, "invalid argument", str(exc))
@@ -222,6 +253,29 @@ def _run_comparison(config: Scenario, path: Path, out: Path, target_url: str | N
         typer.secho(f"comparison incomplete: {result.failure}", fg="red", err=True)
     typer.echo(f"results: {result.run_dir}")
     raise typer.Exit(result.exit_code)
+
+
+@app.command()
+def worker(
+    master: Annotated[str, typer.Option(help="HOST:PORT of a group's Locust master")],
+    out: Annotated[
+        Path, typer.Option(help="folder for this worker's own copy of its files")
+    ] = Path("results/worker"),
+    name: Annotated[
+        str | None, typer.Option(help="worker name in file names (default HOSTNAME-PID)")
+    ] = None,
+) -> None:
+    """Join a master of `zerowindow run --remote-workers N` as one Locust worker; its records
+    reach the run folder through the master."""
+    try:
+        code = run_worker(master, out_dir=out, name=name)
+    except DistributedError as exc:
+        typer.echo(f"invalid argument\n{exc}", err=True)
+        raise typer.Exit(EXIT_SETUP) from None
+    except OSError as exc:
+        typer.echo(f"cannot start the Locust worker: {exc}", err=True)
+        raise typer.Exit(EXIT_SETUP) from None
+    raise typer.Exit(code)
 
 
 @model_app.command("tiny")

@@ -13,19 +13,22 @@ from typing import Any
 import gevent
 from locust import log
 from locust.env import Environment
+from locust.runners import WorkerRunner
 
 
 def quit_when_users_done(environment: Environment, *, poll_s: float = 0.2) -> None:
     """Quit the runner (headless) or stop the test (web UI) once all users have stopped.
 
     Watching starts at the first ``spawning_complete`` event; then every ``poll_s`` seconds
-    the runner's live user count is checked. Local runner only (not master/worker).
+    the runner's live user count is checked. On a Locust master that count is the sum of its
+    workers' reports (every 3 s; a worker without heartbeat for 3 s counts 0), and quitting the
+    master quits its workers; a worker never quits by itself (its master does it).
     """
     started = False
 
     def watch() -> None:
         runner = environment.runner
-        if runner is None:
+        if runner is None or isinstance(runner, WorkerRunner):
             return
         while runner.user_count > 0:
             gevent.sleep(poll_s)

@@ -222,7 +222,7 @@ def _leftovers_in(netns: str | None, prefix: str) -> list[tuple[str, str, str | 
             name = link.get_attr("IFLA_IFNAME")
             if not name or not name.startswith(prefix):
                 continue
-            if name.startswith(f"{prefix}ifb-"):
+            if name.startswith(f"{prefix}ifb"):
                 found.append(("link", name, netns))
                 continue
             for q in ip.get_qdiscs(index=link["index"]):

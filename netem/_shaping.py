@@ -7,7 +7,8 @@ on its ingress (through an IFB device). It returns an :class:`AppliedShaping` wh
 
 Backends (registered in :data:`BACKENDS` by ``kind``):
 
-* ``netem``: the kernel's netem qdisc (``tc-netem(8)``) via pyroute2; honours every field.
+* ``netem``: the kernel's netem qdisc (``tc-netem(8)``) via pyroute2, with a ``tbf`` child for
+  the rate; honours every field.
 * ``fallback``: for kernels without netem. Rate: ``tbf``; loss: an nftables ``numgen random``
   drop rule in table ``inet zw-shape-*`` (or the iptables ``statistic`` match when nft is
   missing); delay, jitter and reorder: a userspace delay line (:mod:`netem._delayline`, NFQUEUE)
@@ -67,7 +68,8 @@ class AppliedShaping:
     """A profile in force on one interface.
 
     ``created`` lists ``(kind, name)`` of each resource in creation order (see
-    :mod:`netem._resources` for the kinds); ``release()`` removes them in reverse order, is
+    :mod:`netem._resources` for the kinds; ``resources`` adds each one's namespace, which is the
+    peer's for what went on the peer interface); ``release()`` removes them in reverse order, is
     idempotent, and returns the errors it met (empty when everything went).
     """
 
@@ -79,8 +81,15 @@ class AppliedShaping:
     tag: str
     created: list[tuple[str, str]] = field(default_factory=list)
     log_dir: Path | None = None
+    peer: tuple[str | None, str] | None = None
+    _where: list[str | None] = field(default_factory=list, repr=False)
     _procs: dict[str, subprocess.Popen[str]] = field(default_factory=dict, repr=False)
     _released: bool = field(default=False, repr=False)
+
+    @property
+    def resources(self) -> list[tuple[str, str, str | None]]:
+        """``(kind, name, netns)`` of each resource, in creation order."""
+        return [(k, n, w) for (k, n), w in zip(self.created, self._where, strict=True)]
 
     def alive(self) -> bool:
         """True while every delay-line process of this shaping is running."""
@@ -94,14 +103,15 @@ class AppliedShaping:
             "netns": self.netns,
             "ifname": self.ifname,
             "profile": self.profile.model_dump(),
-            "created": [list(c) for c in self.created],
+            "peer": list(self.peer) if self.peer else None,
+            "created": [list(c) for c in self.resources],
         }
 
     def release(self) -> list[str]:
         if self._released:
             return []
         errors: list[str] = []
-        for kind, name in reversed(self.created):
+        for kind, name, where in reversed(self.resources):
             try:
                 if kind == "process":
                     pid_s, _, tag = name.partition(" ")
@@ -110,7 +120,7 @@ class AppliedShaping:
                     if proc is not None:
                         proc.wait(timeout=5)  # reap it
                 else:
-                    remove_resource(kind, name, self.netns)
+                    remove_resource(kind, name, where)
             except (NetnsError, NetlinkError, OSError, subprocess.TimeoutExpired) as e:
                 errors.append(f"{kind} {name}: {e}")
         self._released = True
@@ -136,40 +146,56 @@ class _Applier:
     def netns(self) -> str | None:
         return self.s.netns
 
-    def created(self, kind: str, name: str) -> None:
+    def created(self, kind: str, name: str, where: str | None | bool = True) -> None:
+        """Record a resource; ``where`` is its namespace (default: the shaping's own)."""
+        netns = self.s.netns if where is True else where
+        assert netns is None or isinstance(netns, str)
         self.s.created.append((kind, name))
+        self.s._where.append(netns)
         if self.on_create is not None:
-            self.on_create(kind, name, self.s.netns)
+            self.on_create(kind, name, netns)
 
-    def ifindex(self, ifname: str) -> int:
-        with ipr(self.netns) as ip:
+    def ifindex(self, ifname: str, netns: str | None | bool = True) -> int:
+        ns = self.s.netns if netns is True else netns
+        assert ns is None or isinstance(ns, str)
+        with ipr(ns) as ip:
             idx = ip.link_lookup(ifname=ifname)
         if not idx:
-            raise ShapingError(f"interface {ifname!r} not found in netns {self.netns or 'host'}")
+            raise ShapingError(f"interface {ifname!r} not found in netns {ns or 'host'}")
         return int(idx[0])
 
-    def root_qdisc(self, ifname: str, kind: str, **options: Any) -> None:
-        idx = self.ifindex(ifname)
-        with ipr(self.netns) as ip:
+    def root_qdisc(self, ifname: str, kind: str, where: str | None | bool = True,
+                   **options: Any) -> None:
+        ns = self.s.netns if where is True else where
+        assert ns is None or isinstance(ns, str)
+        idx = self.ifindex(ifname, ns)
+        with ipr(ns) as ip:
             ip.tc("add", kind, idx, ROOT_HANDLE, **options)
-        self.created("qdisc", f"{ifname} root")
+        self.created("qdisc", f"{ifname} root", ns)
 
-    def ingress_ifb(self) -> str:
-        """Redirect everything arriving on the interface to a new IFB device; returns its name."""
-        ifb = f"zw-ifb-{self.s.tag[3:9]}"
-        idx = self.ifindex(self.s.ifname)
-        with ipr(self.netns) as ip:
+    def ingress_ifb(self, on_peer: bool = False) -> tuple[str, str | None]:
+        """Redirect everything arriving on the interface (or on the peer interface) to a new
+        IFB device; returns the IFB's name and namespace."""
+        if on_peer:
+            assert self.s.peer is not None
+            ns, ifname = self.s.peer
+            ifb = f"zw-ifbu-{self.s.tag[3:9]}"
+        else:
+            ns, ifname = self.s.netns, self.s.ifname
+            ifb = f"zw-ifb-{self.s.tag[3:9]}"
+        idx = self.ifindex(ifname, ns)
+        with ipr(ns) as ip:
             ip.link("add", ifname=ifb, kind="ifb")
-            self.created("link", ifb)
+            self.created("link", ifb, ns)
             ifb_idx = ip.link_lookup(ifname=ifb)[0]
             ip.link("set", index=ifb_idx, state="up")
             ip.tc("add", "ingress", idx, INGRESS_HANDLE)
-            self.created("qdisc", f"{self.s.ifname} ingress")
+            self.created("qdisc", f"{ifname} ingress", ns)
             ip.tc("add-filter", "u32", idx, parent=INGRESS_HANDLE, protocol=0x0003, prio=10,
                   keys=["0x0/0x0+0"], target=ROOT_HANDLE,
                   action={"kind": "mirred", "direction": "egress", "action": "redirect",
                           "ifindex": ifb_idx})
-        return ifb
+        return ifb, ns
 
 
 class Backend(Protocol):
@@ -201,6 +227,13 @@ class NetemBackend:
 
     @staticmethod
     def options(d: DirectionProfile) -> dict[str, Any]:
+        """netem qdisc options (pyroute2 ``sched_netem``) for ``d``, without the rate.
+
+        The rate goes into a ``tbf`` child of the netem qdisc instead (``tc-netem(8)``'s
+        "netem + tbf" recipe): pyroute2 leaves a ``rate`` keyword also in the request's
+        top-level attributes, where the kernel reads it as a rate estimator (TCA_RATE) and
+        refuses the request with ERANGE (seen on this kernel).
+        """
         o: dict[str, Any] = {
             "delay": int(d.delay_ms * 1000),  # us
             "jitter": int(d.jitter_ms * 1000),
@@ -212,16 +245,22 @@ class NetemBackend:
             o["prob_reorder"] = d.reorder_pct
         if d.corrupt_pct:
             o["prob_corrupt"] = d.corrupt_pct
-        if d.rate_kbit:
-            o["rate"] = f"{int(d.rate_kbit * 1000)}bit"
         return o
+
+    def _netem(self, a: _Applier, ifname: str, d: DirectionProfile) -> None:
+        a.root_qdisc(ifname, "netem", **self.options(d))
+        if d.rate_kbit:
+            idx = a.ifindex(ifname)
+            with ipr(a.netns) as ip:  # child of netem's class 1:1, removed with the root
+                ip.tc("add", "tbf", idx, 0xA0000, parent=ROOT_HANDLE + 1,
+                      **_tbf_options(d.rate_kbit))
 
     def apply(self, profile: LinkProfile, a: _Applier) -> None:
         if not profile.up.is_empty:
-            a.root_qdisc(a.s.ifname, "netem", **self.options(profile.up))
+            self._netem(a, a.s.ifname, profile.up)
         if not profile.down.is_empty:
-            ifb = a.ingress_ifb()
-            a.root_qdisc(ifb, "netem", **self.options(profile.down))
+            ifb, _ = a.ingress_ifb()
+            self._netem(a, ifb, profile.down)
 
 
 class FallbackBackend:
@@ -229,12 +268,15 @@ class FallbackBackend:
 
     Placement, and why:
 
-    * Rate: ``tbf`` as the interface's root qdisc (``up``) and on an IFB device fed by the
-      interface's ingress (``down``).
-    * Loss: nftables ``numgen random`` drops in table ``inet zw-shape-*``, postrouting
-      (``up``, ``oifname``) and prerouting (``down``, ``iifname``). An ``up`` drop happens inside
-      the client's own stack, so a local TCP sender sees it as a failed transmit and retries
-      (netem hides such drops from the sender); a UDP sender gets EPERM.
+    * Rate: ``down`` on an IFB device fed by the interface's ingress; ``up`` on an IFB device fed
+      by the peer interface's ingress when ``apply_profile`` is given ``peer``, else as the
+      interface's root qdisc (inside the client's stack, where TCP Small Queues keep only ~2 skbs
+      of a socket in it; see :func:`apply_profile`).
+    * Loss: nftables ``numgen random`` drops in table ``inet zw-shape-*``: ``down`` at prerouting
+      (``iifname``); ``up`` at the peer's prerouting with ``peer``, else at the client's
+      postrouting (``oifname``), inside the client's own stack: a local TCP sender then sees a
+      failed transmit and retries (netem hides such drops from the sender), a UDP sender gets
+      EPERM.
     * Delay, jitter, reorder: one delay line on the interface's *ingress* (PREROUTING), holding
       arriving packets for ``down.delay_ms + up.delay_ms`` (jitter: the sum of both jitters).
       The round-trip time TCP sees is the profile's; the split between the directions is not
@@ -277,12 +319,19 @@ class FallbackBackend:
         ifname = a.s.ifname
         up, down = profile.up, profile.down
         use_nft = f.nft_numgen
-        if up.rate_kbit:
+        peer = a.s.peer
+        if up.rate_kbit and peer:
+            ifb_u, ns_u = a.ingress_ifb(on_peer=True)
+            a.root_qdisc(ifb_u, "tbf", ns_u, **_tbf_options(up.rate_kbit))
+        elif up.rate_kbit:
             a.root_qdisc(ifname, "tbf", **_tbf_options(up.rate_kbit))
         if down.rate_kbit:
-            ifb = a.ingress_ifb()
+            ifb, _ = a.ingress_ifb()
             a.root_qdisc(ifb, "tbf", **_tbf_options(down.rate_kbit))
-        if use_nft and (up.loss_pct or down.loss_pct):
+        if use_nft and peer and up.loss_pct:
+            self._nft_loss(a, 0.0, down.loss_pct)
+            self._nft_loss(a, up.loss_pct, 0.0, on_peer=True)
+        elif use_nft and (up.loss_pct or down.loss_pct):
             self._nft_loss(a, up.loss_pct, down.loss_pct)
         if not use_nft and up.loss_pct:
             self._iptables_chain(a, "up", None, up.loss_pct)
@@ -297,10 +346,22 @@ class FallbackBackend:
             self._iptables_chain(a, "down", line, stat_loss)
 
     @staticmethod
-    def _nft_loss(a: _Applier, up_pct: float, down_pct: float) -> None:
+    def _nft_loss(a: _Applier, up_pct: float, down_pct: float, on_peer: bool = False) -> None:
+        if not (up_pct or down_pct):
+            return
         table = f"zw-shape-{a.s.tag[3:9]}"
         rules = [f"table inet {table} {{"]
         # priority -300: before conntrack and the mangle table's NFQUEUE jump
+        if on_peer:  # up packets as they arrive on the peer: a drop on the wire
+            assert a.s.peer is not None
+            ns, peer_if = a.s.peer
+            rules += [" chain up { type filter hook prerouting priority -300;",
+                      f'  iifname "{peer_if}" numgen random mod 1000000 < '
+                      f"{round(up_pct * 10000)} counter drop", " }", "}"]
+            run(ns, ["nft", "add", "table", "inet", table])
+            a.created("nft-table", f"inet {table}", ns)
+            run(ns, ["nft", "-f", "-"], input="\n".join(rules) + "\n")
+            return
         if up_pct:
             rules += [" chain up { type filter hook postrouting priority -300;",
                       f'  oifname "{a.s.ifname}" numgen random mod 1000000 < '
@@ -420,8 +481,12 @@ def apply_profile(
     on_create: OnCreate | None = None,
     log_dir: Path | None = None,
     features: KernelFeatures | None = None,
+    peer: tuple[str | None, str] | None = None,
 ) -> AppliedShaping:
     """Shape the link whose client-side interface is ``ifname`` in ``netns`` (None: host).
+
+    ``ifname`` must be one of the toolkit's own interfaces (named ``zw-*``), else
+    :class:`ShapingError`: nothing the toolkit did not create is ever changed.
 
     ``profile.up`` goes on the interface's egress and ``profile.down`` on its ingress. ``backend``
     is ``"auto"``, ``"netem"`` or ``"fallback"``. ``on_create(kind, name, netns)`` is called right
@@ -429,13 +494,27 @@ def apply_profile(
     to ``log_dir/<tag>.log`` when ``log_dir`` is given (e.g. the run folder). Raises
     :class:`ShapingUnsupported` before anything is created when the profile cannot be honoured,
     and :class:`ShapingError` when applying fails (what was created is removed again first).
+    ``peer=(netns, ifname)`` names the other end of the link (the server-side veth end). With it,
+    the fallback backend shapes ``up`` where its packets *arrive*, on the peer (an IFB with tbf,
+    an nftables drop in table ``inet zw-shape-*`` of the peer's namespace), so the client's TCP
+    sees neither a local drop nor TCP Small Queues holding its segments at the limiter (without
+    a peer, the ``up`` rate is a tbf in the client's own stack: its TSQ then keeps ~2 skbs in
+    it, and a late TSQ tasklet on a busy machine lets the link idle; measured once: 605 kbit/s
+    of 1000). The peer interface must be named ``zw-*`` too.
     ``features`` replaces the probed :class:`~netem.KernelFeatures` (a caller that probed already,
     or a test that hides a feature to exercise the alternative path).
     """
+    for name in (ifname, *([peer[1]] if peer else [])):
+        if not name.startswith("zw-"):
+            raise ShapingError(
+                f"refusing to shape interface {name!r}: the toolkit only changes interfaces it "
+                "created, and those are named zw-*"
+            )
     f = features or probe_kernel()
     b, reason = select_backend(profile, netns, backend, f)
     shaping = AppliedShaping(backend=b.kind, reason=reason, profile=profile, netns=netns,
-                             ifname=ifname, tag=shaping_tag(netns, ifname), log_dir=log_dir)
+                             ifname=ifname, tag=shaping_tag(netns, ifname), log_dir=log_dir,
+                             peer=peer)
     if profile.is_empty:
         shaping.reason += "; profile is empty, nothing applied"
         return shaping

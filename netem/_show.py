@@ -36,12 +36,16 @@ class ShapingState:
     nft_tables: dict[str, str] = field(default_factory=dict)
     iptables_rules: list[str] = field(default_factory=list)
     delay_lines: list[tuple[int, str]] = field(default_factory=list)
+    peer_qdiscs: list[QdiscInfo] = field(default_factory=list)
+    peer_nft_tables: dict[str, str] = field(default_factory=dict)
 
     @property
     def shaped(self) -> bool:
         return bool(
-            any(q.kind not in ("noqueue", "pfifo_fast", "fq_codel") for q in self.qdiscs)
+            any(q.kind not in ("noqueue", "pfifo_fast", "fq_codel")
+                for q in self.qdiscs + self.peer_qdiscs)
             or self.nft_tables or self.iptables_rules or self.delay_lines
+            or self.peer_nft_tables
         )
 
 
@@ -49,24 +53,25 @@ def _handle(h: int) -> str:
     return f"{h >> 16:x}:{h & 0xFFFF:x}" if h != 0xFFFFFFFF else "root"
 
 
-def show(netns: str | None, ifname: str) -> ShapingState:
-    """Describe the shaping on ``ifname`` in ``netns`` (None: host); reads only."""
-    tag = shaping_tag(netns, ifname)
-    ifb = f"zw-ifb-{tag[3:9]}"
-    qdiscs: list[QdiscInfo] = []
+def _qdiscs(netns: str | None, names: tuple[str, ...]) -> list[QdiscInfo]:
+    out: list[QdiscInfo] = []
     with ipr(netns) as ip:
-        for name in (ifname, ifb):
+        for name in names:
             idx = ip.link_lookup(ifname=name)
             if not idx:
                 continue
             for q in ip.get_qdiscs(index=idx[0]):
                 stats = q.get_attr("TCA_STATS") or {}
-                qdiscs.append(QdiscInfo(
+                out.append(QdiscInfo(
                     ifname=name, kind=str(q.get_attr("TCA_KIND")), handle=_handle(q["handle"]),
                     parent=_handle(q["parent"]), sent_bytes=int(stats.get("bytes", 0)),
                     sent_packets=int(stats.get("packets", 0)), drops=int(stats.get("drop", 0)),
                     backlog_bytes=int(stats.get("backlog", 0)),
                 ))
+    return out
+
+
+def _zw_tables(netns: str | None) -> dict[str, str]:
     tables: dict[str, str] = {}
     if shutil.which("nft"):
         listing = run(netns, ["nft", "list", "tables"], check=False).stdout
@@ -75,10 +80,23 @@ def show(netns: str | None, ifname: str) -> ShapingState:
             if len(parts) == 3 and parts[2].startswith("zw-"):
                 tables[f"{parts[1]} {parts[2]}"] = run(
                     netns, ["nft", "list", "table", parts[1], parts[2]], check=False).stdout
+    return tables
+
+
+def show(netns: str | None, ifname: str,
+         peer: tuple[str | None, str] | None = None) -> ShapingState:
+    """Describe the shaping on ``ifname`` in ``netns`` (None: host), and on the ``peer``
+    interface ``(netns, ifname)`` when given (see :func:`netem.apply_profile`); reads only."""
+    tag = shaping_tag(netns, ifname)
+    qdiscs = _qdiscs(netns, (ifname, f"zw-ifb-{tag[3:9]}"))
+    tables = _zw_tables(netns)
     rules: list[str] = []
     if shutil.which("iptables"):
         listing = run(netns, ["iptables", "-t", "mangle", "-S"], check=False).stdout
         rules = [ln for ln in listing.splitlines() if " zw-" in ln]
     lines = list(delay_line_processes(f"zw-dl-{tag[3:9]}-"))
+    peer_qdiscs = _qdiscs(peer[0], (peer[1], f"zw-ifbu-{tag[3:9]}")) if peer else []
+    peer_tables = _zw_tables(peer[0]) if peer else {}
     return ShapingState(netns=netns, ifname=ifname, qdiscs=qdiscs, nft_tables=tables,
-                        iptables_rules=rules, delay_lines=lines)
+                        iptables_rules=rules, delay_lines=lines, peer_qdiscs=peer_qdiscs,
+                        peer_nft_tables=peer_tables)

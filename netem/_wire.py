@@ -46,8 +46,11 @@ class CaptureError(RuntimeError):
     """tcpdump could not start or failed; the message carries its stderr."""
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+_prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before any fork
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec: no imports, no locks
+    _prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
 
 
 @dataclass
@@ -56,7 +59,8 @@ class WireCapture:
 
     ``start()`` returns once tcpdump is listening (raises :class:`CaptureError` otherwise);
     ``stop()`` (idempotent) ends it with SIGINT so it flushes the file. tcpdump is told to die
-    with the process that started it (PR_SET_PDEATHSIG), so a killed harness leaves none.
+    with the thread that started it (PR_SET_PDEATHSIG), so a killed harness leaves none: call
+    ``start()`` from a thread that lives as long as the capture (e.g. the main thread).
     """
 
     netns: str | None

@@ -17,6 +17,7 @@ from netem import (
     PRESETS,
     DirectionProfile,
     LinkProfile,
+    ShapingError,
     ShapingUnsupported,
     UnknownPreset,
     apply_profile,
@@ -51,8 +52,9 @@ def _measure(pair: NsPair, profile: LinkProfile, **kw: object) -> object:
 def _nothing_left(pair: NsPair) -> None:
     state = show(pair.client_ns, pair.client_if)
     assert not state.shaped, state
-    assert leftovers(namespaces=[pair.client_ns]) == []
+    assert leftovers(namespaces=[pair.client_ns, pair.server_ns]) == []
     assert [q.kind for q in state.qdiscs] == ["noqueue"]
+    assert [q.kind for q in show(pair.server_ns, pair.server_if).qdiscs] == ["noqueue"]
 
 
 # --- profiles (no privileges needed) ---------------------------------------------------------
@@ -129,9 +131,23 @@ def test_100ms_delay_gives_100ms_tcp_rtt(link: NsPair):
     _nothing_left(link)
 
 
+def test_jitter_spreads_the_rtt_around_the_delay(link: NsPair):
+    p = LinkProfile(down=DirectionProfile(delay_ms=50, jitter_ms=20))  # 30-70 ms, uniform
+    with apply_profile(p, netns=link.client_ns, ifname=link.client_if) as shaping:
+        m = _measure(link, shaping.profile, throughput=False, loss=False, rtt_samples=40)
+    assert 28 <= m.app_rtt_min_ms <= 40, m  # type: ignore[attr-defined]
+    assert 42 <= m.app_rtt_p50_ms <= 62, m  # type: ignore[attr-defined]
+    _nothing_left(link)
+
+
 def test_1mbit_rate_gives_1mbit_throughput(link: NsPair):
     p = LinkProfile(down=DirectionProfile(rate_kbit=1000), up=DirectionProfile(rate_kbit=1000))
-    with apply_profile(p, netns=link.client_ns, ifname=link.client_if) as shaping:
+    with apply_profile(p, netns=link.client_ns, ifname=link.client_if,
+                       peer=(link.server_ns, link.server_if)) as shaping:
+        assert ("link", f"zw-ifbu-{shaping.tag[3:]}", link.server_ns) in shaping.resources
+        state = show(link.client_ns, link.client_if, peer=(link.server_ns, link.server_if))
+        assert {(q.ifname, q.kind) for q in state.peer_qdiscs} >= {
+            (link.server_if, "ingress"), (f"zw-ifbu-{shaping.tag[3:]}", "tbf")}
         m = _measure(link, shaping.profile, loss=False, duration_s=3.0)
     for got in (m.down_kbit, m.up_kbit):  # type: ignore[attr-defined]
         assert got is not None and 850 <= got <= 1150, m
@@ -140,8 +156,12 @@ def test_1mbit_rate_gives_1mbit_throughput(link: NsPair):
 
 def test_5pct_loss_gives_3_to_7pct(link: NsPair):
     p = LinkProfile(down=DirectionProfile(loss_pct=5), up=DirectionProfile(loss_pct=5))
-    with apply_profile(p, netns=link.client_ns, ifname=link.client_if) as shaping:
+    with apply_profile(p, netns=link.client_ns, ifname=link.client_if,
+                       peer=(link.server_ns, link.server_if)) as shaping:
+        assert {w for k, _, w in shaping.resources if k == "nft-table"} == {
+            link.client_ns, link.server_ns}
         m = _measure(link, shaping.profile, throughput=False, udp_packets=4000)
+    assert m.udp_packets == 4000, m  # type: ignore[attr-defined]
     for got in (m.down_loss_pct, m.up_loss_pct):  # type: ignore[attr-defined]
         assert got is not None and 3.0 <= got <= 7.0, m
     _nothing_left(link)
@@ -168,7 +188,7 @@ def test_netem_backend_options_use_tc_units():
                                               rate_kbit=700, reorder_pct=5, corrupt_pct=0.1))
     assert o["delay"] == 150_000 and o["jitter"] == 20_000  # microseconds
     assert o["loss"] == 1.5 and o["prob_reorder"] == 5 and o["prob_corrupt"] == 0.1
-    assert o["rate"] == "700000bit"
+    assert "rate" not in o  # a tbf child carries the rate
 
 
 def test_loss_through_iptables_statistic_when_nft_is_missing(link: NsPair):
@@ -183,9 +203,39 @@ def test_loss_through_iptables_statistic_when_nft_is_missing(link: NsPair):
         assert {k for k, _ in shaping.created} >= {"iptables-chain"}
         assert {n for k, n in shaping.created if k == "nft-table"} <= {"ip mangle"}
         m = _measure(link, p, throughput=False, udp_packets=4000)
+    assert m.udp_packets == 4000, m  # type: ignore[attr-defined]
     for got in (m.down_loss_pct, m.up_loss_pct):  # type: ignore[attr-defined]
         assert got is not None and 3.0 <= got <= 7.0, m
     _nothing_left(link)
+
+
+def test_netem_backend_requests_reach_the_kernel(link: NsPair):
+    """Where netem exists, the netem backend applies every field; here (no netem) its netlink
+    requests still encode and reach the kernel, which refuses the qdisc kind (ENOENT), and what
+    was made before that (IFB, ingress redirect) is released."""
+    import errno
+
+    from pyroute2.netlink.exceptions import NetlinkError
+
+    from netem import BACKENDS, AppliedShaping
+    from netem._shaping import _Applier, shaping_tag
+
+    full = DirectionProfile(delay_ms=20, jitter_ms=5, loss_pct=1, rate_kbit=1000, reorder_pct=5,
+                            duplicate_pct=1, corrupt_pct=0.1)
+    f = probe_kernel()
+    for p in (LinkProfile(up=full), LinkProfile(down=full)):
+        if f.netem:
+            with apply_profile(p, netns=link.client_ns, ifname=link.client_if, backend="netem"):
+                assert "netem" in {q.kind for q in show(link.client_ns, link.client_if).qdiscs}
+        else:
+            s = AppliedShaping(backend="netem", reason="test", profile=p, netns=link.client_ns,
+                               ifname=link.client_if,
+                               tag=shaping_tag(link.client_ns, link.client_if))
+            with pytest.raises(NetlinkError) as e:
+                BACKENDS["netem"].apply(p, _Applier(s, None, f))
+            assert e.value.code == errno.ENOENT
+            assert s.release() == []
+        _nothing_left(link)
 
 
 # --- failure before applying, release, clean ---------------------------------------------------
@@ -204,7 +254,10 @@ def test_unsupported_profile_fails_before_anything_is_applied(link: NsPair):
         apply_profile(LinkProfile(up=DirectionProfile(delay_ms=5)), netns=link.client_ns,
                       ifname=link.client_if, backend="netem")
     with pytest.raises(ShapingUnsupported, match="need a network namespace the run created"):
-        apply_profile(LinkProfile(up=DirectionProfile(delay_ms=5)), netns=None, ifname="lo")
+        apply_profile(LinkProfile(up=DirectionProfile(delay_ms=5)), netns=None,
+                      ifname="zw-not-there")
+    with pytest.raises(ShapingError, match="refusing to shape interface 'lo'"):
+        apply_profile(LinkProfile(up=DirectionProfile(rate_kbit=5)), netns=None, ifname="lo")
     assert created == []
     _nothing_left(link)
 

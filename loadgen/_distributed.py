@@ -1,0 +1,188 @@
+"""Locust's distributed mode for zerowindow load processes: workers' files and the master's log.
+
+Locust runs one master (no users of its own) and N workers; the master hands users out and
+quits everybody at the end (https://docs.locust.io/en/stable/running-distributed.html). Two
+things Locust does not do are added here, with Locust's own custom messages
+(``runner.send_message`` / ``register_message``):
+
+- the master keeps a log of its workers (``workers-<group>.jsonl``: each worker's name, host
+  and pid as it announced them, when it went missing, came back or left), so that a run can
+  say which worker died;
+- a worker on another machine (``ZW_WORKER_FORWARD=1``) sends every complete line it appends
+  to its records and saturation files to the master, which appends them to the same file
+  names in the run folder. Lines are forwarded every ``forward_interval_s`` and right before
+  each of the worker's statistics reports, so the master has all records of a worker before
+  it sees that worker's users stopped.
+
+Importing this module imports Locust (and gevent's monkey-patching).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import gevent
+from locust.env import Environment
+from locust.runners import STATE_MISSING, MasterRunner, WorkerRunner
+
+from ._workers import FILE_KINDS, WorkerIdentity, group_file, valid_worker_name, workers_log
+
+HELLO = "zw_hello"
+LINES = "zw_lines"
+logger = logging.getLogger(__name__)
+
+
+def collect_on_master(
+    environment: Environment, *, run_dir: Path, group: str, poll_s: float = 0.5
+) -> None:
+    """On a master runner: log workers to ``workers-<group>.jsonl`` and write the lines that
+    forwarding workers send into ``run_dir``. Does nothing on other runners.
+
+    Each log line is ``{"t": <monotonic s>, "event": E, "client_id": ..., ...}`` with ``E`` one
+    of ``connected``, ``hello`` (with ``worker``, ``host``, ``pid``, ``forward``), ``missing``
+    (no heartbeat for 3 s), ``back`` (heartbeats again), ``left`` (gone from the master's
+    list), ``lines`` is not logged; ``end`` (at quitting: ``workers`` maps every known
+    client id to its state).
+    """
+    runner = environment.runner
+    if not isinstance(runner, MasterRunner):
+        return
+    log_path = workers_log(run_dir, group)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    names: dict[str, str] = {}
+    files: dict[tuple[str, str], int] = {}
+
+    def log(event: str, client_id: str | None, **fields: Any) -> None:
+        line = {"t": round(time.monotonic(), 4), "event": event, "client_id": client_id}
+        line.update(fields)
+        if client_id in names:
+            line.setdefault("worker", names[client_id])
+        os.write(log_fd, (json.dumps(line) + "\n").encode())
+
+    def on_hello(msg: Any, **_kwargs: Any) -> None:
+        data = msg.data or {}
+        name = str(data.get("worker", ""))
+        if not valid_worker_name(name):
+            logger.warning("worker %s announced an invalid name %r", msg.node_id, name)
+            return
+        names[msg.node_id] = name
+        log("hello", msg.node_id, worker=name, host=data.get("host"), pid=data.get("pid"),
+            forward=bool(data.get("forward")))  # fmt: skip
+
+    def on_lines(msg: Any, **_kwargs: Any) -> None:
+        data = msg.data or {}
+        kind, name = data.get("kind"), names.get(msg.node_id)
+        if kind not in FILE_KINDS or name is None:
+            logger.warning("discarded %s lines from unannounced worker %s", kind, msg.node_id)
+            return
+        fd = files.get((kind, name))
+        if fd is None:
+            path = group_file(run_dir, kind, group, name)
+            fd = files[(kind, name)] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.write(fd, "".join(data.get("lines", [])).encode())
+
+    runner.register_message(HELLO, on_hello)
+    runner.register_message(LINES, on_lines)
+    environment.events.worker_connect.add_listener(
+        lambda client_id, **_kw: log("connected", client_id)
+    )
+
+    def watch() -> None:
+        seen: dict[str, str] = {}
+        while True:
+            current = {cid: node.state for cid, node in runner.clients.items()}
+            for cid, state in current.items():
+                was = seen.get(cid)
+                if state == STATE_MISSING and was != STATE_MISSING:
+                    log("missing", cid)
+                elif was == STATE_MISSING and state != STATE_MISSING:
+                    log("back", cid, state=state)
+            for cid in set(seen) - set(current):
+                log("left", cid)
+            seen = current
+            gevent.sleep(poll_s)
+
+    watcher = gevent.spawn(watch)
+
+    def on_quitting(**_kwargs: Any) -> None:
+        watcher.kill(block=True)
+        states = {cid: node.state for cid, node in runner.clients.items()}
+        log("end", None, workers={names.get(c, c): s for c, s in states.items()})
+        for fd in (*files.values(), log_fd):
+            os.close(fd)
+
+    environment.events.quitting.add_listener(on_quitting)
+
+
+def announce_and_forward(
+    environment: Environment,
+    *,
+    worker: WorkerIdentity,
+    group: str,
+    forward_interval_s: float = 0.5,
+) -> None:
+    """On a worker runner: announce ``worker`` to the master and, when ``worker.forward``,
+    forward the new complete lines of its records and saturation files. Does nothing on other
+    runners."""
+    runner = environment.runner
+    if not isinstance(runner, WorkerRunner):
+        return
+    runner.send_message(
+        HELLO,
+        {"worker": worker.name, "host": socket.gethostname(), "pid": os.getpid(),
+         "forward": worker.forward},
+    )  # fmt: skip
+    if not worker.forward:
+        return
+    tails = {
+        kind: _Tail(group_file(worker.out_dir, kind, group, worker.name)) for kind in FILE_KINDS
+    }
+
+    def forward() -> None:
+        for kind, tail in tails.items():
+            lines = tail.new_lines()
+            if lines:
+                runner.send_message(LINES, {"kind": kind, "lines": lines})
+
+    def loop() -> None:
+        while True:
+            gevent.sleep(forward_interval_s)
+            _guard(forward)
+
+    forwarder = gevent.spawn(loop)
+    environment.events.report_to_master.add_listener(lambda **_kw: _guard(forward))
+    environment.events.quitting.add_listener(lambda **_kw: forwarder.kill(block=False))
+
+
+class _Tail:
+    """New complete lines of a file that another part of this process appends to."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+
+    def new_lines(self) -> list[str]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        end = data.rfind(b"\n") + 1
+        self.offset += end  # before sending: a yield while sending must not resend them
+        return data[:end].decode("utf-8", errors="replace").splitlines(keepends=True)
+
+
+def _guard(fn: Callable[[], None]) -> None:
+    try:
+        fn()
+    except Exception as exc:  # forwarding must never kill the worker's reporting
+        logger.warning("forwarding lines to the master failed: %s", exc)
