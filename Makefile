@@ -22,7 +22,7 @@ $(MODEL)/config.json: $(STAMP)
 
 # Debian packages the tests drive for real: one "command:package" pair each. A missing command
 # is installed when running as root; otherwise its tests are skipped with the reason.
-DEBS := nginx:nginx
+DEBS := nginx:nginx haproxy:haproxy
 
 debs:
 	@missing=""; for pair in $(DEBS); do \

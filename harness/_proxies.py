@@ -51,7 +51,10 @@ class NginxProxyConfig(_Strict):
     upstream after the client went away. ``client_header_timeout_s`` and
     ``large_header_buffer_kb`` (``large_client_header_buffers 4 <n>k``: the longest request
     line or header field nginx accepts) bound slow and oversized request heads; their defaults
-    are nginx's.
+    are nginx's. ``client_sndbuf_bytes`` sets the kernel send buffer of client connections
+    (``listen ... sndbuf=``; None: the kernel's autotuning, which on loopback lets Send-Q grow to
+    ``tcp_wmem``'s maximum, ~4 MB, before a write to a stalled reader blocks and
+    ``send_timeout`` starts counting).
 
     ``preset`` fills the options it names unless the scenario sets them itself:
     ``sse-advice`` is the common advice for server-sent events (``proxy_buffering off``);
@@ -71,6 +74,7 @@ class NginxProxyConfig(_Strict):
     ignore_client_abort: bool = False
     client_header_timeout_s: float = Field(60.0, gt=0)
     large_header_buffer_kb: int = Field(8, ge=1)
+    client_sndbuf_bytes: int | None = Field(None, ge=1024)
     listen_host: str = "127.0.0.1"
     listen_port: int = Field(0, ge=0, le=65535, description="0 picks a free port")
     binary: str = "nginx"
@@ -159,6 +163,7 @@ def render_nginx_conf(config: NginxProxyConfig, *, prefix: Path, port: int, upst
     under ``prefix``, it listens on ``config.listen_host:port`` and proxies to ``upstream``
     (``host:port``)."""
     on = {True: "on", False: "off"}
+    sndbuf = "" if config.client_sndbuf_bytes is None else f" sndbuf={config.client_sndbuf_bytes}"
     user = "user root;\n" if os.geteuid() == 0 else ""
     return f"""# Rendered by zerowindow for this run.
 {user}worker_processes 1;
@@ -175,7 +180,7 @@ http {{
     scgi_temp_path {prefix}/scgi_temp;
     upstream target {{ server {upstream}; keepalive 64; }}
     server {{
-        listen {config.listen_host}:{port};
+        listen {config.listen_host}:{port}{sndbuf};
         send_timeout {_ms(config.send_timeout_s)};
         client_header_timeout {_ms(config.client_header_timeout_s)};
         large_client_header_buffers 4 {config.large_header_buffer_kb}k;

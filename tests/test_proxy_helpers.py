@@ -70,11 +70,12 @@ def proxy_config(name: str, **options: Any) -> AnyProxyConfig:
 PROGRAM = {"nginx-buffered": "nginx", "nginx-sse": "nginx", "haproxy": "haproxy", "envoy": "envoy"}
 
 
-def param(name: str) -> Any:
-    """A pytest parameter for proxy ``name``, skipped when its program is missing."""
+def param(name: str, *values: Any) -> Any:
+    """A pytest parameter set (``name``, *``values``) with id ``name``, skipped when the
+    program of proxy ``name`` is missing."""
     program = PROGRAM.get(name)
     marks = [needs(program)] if program else []
-    return pytest.param(name, marks=marks, id=name)
+    return pytest.param(name, *values, marks=marks, id=name)
 
 
 @contextmanager
