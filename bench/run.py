@@ -13,10 +13,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import proxies as proxy_bench
+
 from harness._sim._bench import run_benchmark
 
 ROOT = Path(__file__).resolve().parent
 SIM_TARGET_STREAMS, SIM_TARGET_TOKENS_PER_S = 2000, 20_000
+PROXY_TARGET_ADDED_P99_MS = 0.5
 
 
 def _sim_rows() -> list[str]:
@@ -43,6 +46,73 @@ def _sim_rows() -> list[str]:
     return rows
 
 
+def _f(value: float | None, fmt: str = ",.0f") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _proxy_section() -> list[str]:
+    args = proxy_bench.build_parser().parse_args([])
+    results = {r.proxy: r for r in proxy_bench.run(args)}
+    rows = []
+    for r in results.values():
+        rows.append(
+            f"| {r.proxy} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | {_f(r.added_p99_ms, '.2f')} | "
+            f"{_f(r.events_per_s)} | {_f(r.cpu_ms_per_1k_events, '.1f')} | "
+            f"{_f(r.events_per_cpu_s)} | {_f(r.proxy_cpu_util, '.0%')} | "
+            f"{_f(r.load_cpu_util, '.0%')} | "
+            f"{_f(r.rss_per_stalled_kib, '.1f')} | {_f(r.stalled_cut, 'd')} |"
+        )
+    verdicts = []
+    egress, nginx = results.get("egress"), results.get("nginx-buffered")
+    if egress is not None and egress.added_p99_ms is not None:
+        met = egress.added_p99_ms < PROXY_TARGET_ADDED_P99_MS
+        verdicts.append(
+            f"- egress added p99 at {args.streams} streams: {egress.added_p99_ms:.2f} ms against "
+            f"a target under {PROXY_TARGET_ADDED_P99_MS} ms: {'met' if met else 'missed'}."
+        )
+    if (
+        egress is not None
+        and nginx is not None
+        and egress.events_per_cpu_s
+        and nginx.events_per_cpu_s
+    ):
+        ratio = egress.events_per_cpu_s / nginx.events_per_cpu_s
+        verdicts.append(
+            f"- egress events per CPU-second: {egress.events_per_cpu_s:,.0f} against nginx's "
+            f"{nginx.events_per_cpu_s:,.0f} ({ratio:.2f}x): {'met' if ratio >= 1 else 'missed'}."
+        )
+    return [
+        "## Proxies on one SSE workload",
+        "",
+        "Same machine, same workload for every proxy: a synthetic upstream that streams "
+        f"{args.event_bytes}-byte chunked SSE events stamped with CLOCK_MONOTONIC, and a "
+        "raw-socket client, both pinned to core 1; the proxy pinned to core 0 (`taskset -a`, all "
+        "its processes and threads). Latency: "
+        f"{args.streams} streams at {args.rate:g} events/s each for {args.duration_s:g} s (the "
+        "first second of each stream dropped), upstream write to client read, per event; added "
+        "p99 is the proxy's p99 minus the direct (`none`) p99. Saturation: the same streams with "
+        f"the upstream writing as fast as each connection takes ({args.flood_events:,} events "
+        "each); CPU is the utime+stime of the proxy's processes over the phase. Stalled: "
+        f"{args.stalled} clients with a 4 KiB receive buffer that never read, "
+        f"{args.stalled_kib} KiB each written by the upstream at once; RSS grown per stream "
+        "1 s later, and how many were already cut by then. Load CPU is the upstream's and the "
+        "client's CPU over the saturation phase (near 100 %: the load side, not the proxy, "
+        "bounded events/s). Proxy options: see the docstring of "
+        "`bench/proxies.py` (all with a 32 KiB kernel send buffer toward clients).",
+        "",
+        f"Command: `{proxy_bench.command_line(args)}`",
+        "",
+        "| proxy | p50 ms | p99 ms | added p99 ms | events/s at saturation | proxy CPU ms / 1,000 "
+        "events | events per proxy CPU-s | proxy CPU | load CPU | RSS KiB per stalled stream | "
+        "stalled cut at 1 s |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        *rows,
+        "",
+        *verdicts,
+        "",
+    ]
+
+
 def main() -> int:
     cpu = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
     lines = [
@@ -67,6 +137,7 @@ def main() -> int:
         "| ---: | --- | ---: | ---: | ---: | ---: | --- | --- |",
         *_sim_rows(),
         "",
+        *_proxy_section(),
     ]
     (ROOT / "RESULTS.md").write_text("\n".join(lines))
     print(f"written {ROOT / 'RESULTS.md'}")

@@ -4,6 +4,7 @@ upstream, and the resident memory of a proxy's process group."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -104,3 +105,13 @@ def group_rss_bytes(proxy: Proxy) -> int:
         except (psutil.Error, ProcessLookupError):
             continue
     return total
+
+
+def token_text(sse: bytes) -> str:
+    """The concatenated ``choices[0].text`` of every event of a completions SSE body."""
+    out = []
+    for line in sse.split(b"\n"):
+        if line.startswith(b"data: {"):
+            choices = json.loads(line[6:])["choices"]
+            out.extend(c["text"] for c in choices)
+    return "".join(out)

@@ -13,7 +13,6 @@ test here.
 
 from __future__ import annotations
 
-import json
 import socket
 import time
 from collections.abc import Iterator
@@ -34,7 +33,13 @@ from tests.test_egress_helpers import (
     socket_error,
     wait_reset,
 )
-from tests.test_proxy_helpers import group_rss_bytes, param, proxy_config, running_proxy
+from tests.test_proxy_helpers import (
+    group_rss_bytes,
+    param,
+    proxy_config,
+    running_proxy,
+    token_text,
+)
 from tests.test_sim_helpers import CLIENT, scrape, wait_for
 
 STEP_MS = 6.0
@@ -74,16 +79,6 @@ def _stream(url: str) -> bytes:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
         return r.read()
-
-
-def token_text(sse: bytes) -> str:
-    """The concatenated ``choices[0].text`` of every event of a completions SSE body."""
-    out = []
-    for line in sse.split(b"\n"):
-        if line.startswith(b"data: {"):
-            choices = json.loads(line[6:])["choices"]
-            out.extend(c["text"] for c in choices)
-    return "".join(out)
 
 
 @pytest.mark.parametrize("name", [param("none"), *THIRD_PARTY, param("egress")])
@@ -141,8 +136,8 @@ def test_stopped_reader_is_cut_and_the_engine_aborts(
     max_tokens. nginx (``reset_timedout_connection``) and HAProxy (``option nolinger``) reset
     the client (HAProxy closes the server side at the timeout and resets the client one
     ``timeout client`` later: measured 5.85 s and 8.86 s after the head); Envoy closes it
-    behind the unsent data, so the client sees the rest and an EOF
-    without the chunked terminator once it reads again."""
+    behind the unsent data, so the client sees the rest and an EOF without the chunked
+    terminator once it reads again."""
     before = _idle(slow_sim)
     config = proxy_config(name, **options)
     with running_proxy(config, tmp_path, slow_sim.url) as (url, _):
