@@ -15,11 +15,14 @@ core 0 (every process and thread of its group, ``taskset -a``). For each proxy:
   sent ``--stalled-kib`` KiB that the upstream writes at once; the proxy's resident memory
   (RSS of its process group) grown per stalled stream, 1 s after the last byte was written.
 
-    python bench/proxies.py --proxies none,egress,nginx-buffered,haproxy,envoy
+    python bench/proxies.py --proxies none,egress,nginx-buffered,haproxy,haproxy-nodelay,envoy
 
 The proxies run with their defaults except: every proxy's kernel send buffer toward clients
 is 32 KiB (the egress buffer's default), nginx is the ``buffered-reset`` preset, HAProxy has
-``timeout client 3s`` and ``option nolinger``, Envoy a 3 s stream idle timeout.
+``timeout client 3s`` and ``option nolinger`` (``haproxy-nodelay``: also
+``option http-no-delay``), Envoy a 3 s stream idle timeout, and the egress
+buffer pauses reading the upstream when a stream's 256 KiB are full instead of cutting the
+client (the saturation phase's upstream outruns even a reader that keeps up).
 """
 
 from __future__ import annotations
@@ -63,12 +66,21 @@ def bench_configs() -> dict[str, Any]:
     """The proxy configurations the benchmark compares, by name."""
     return {
         "none": NoProxyConfig(),
-        "egress": EgressProxyConfig(kind="egress"),
+        # pause, not cut, on overflow: under the saturation phase the upstream outruns even a
+        # reader that keeps up, and a cut would end the healthy streams being measured
+        "egress": EgressProxyConfig(kind="egress", overflow="pause"),
         "nginx-buffered": NginxProxyConfig(
             kind="nginx", preset="buffered-reset", client_sndbuf_bytes=SNDBUF
         ),
         "haproxy": HaproxyProxyConfig(
             kind="haproxy", timeout_client_s=3, nolinger=True, client_sndbuf_bytes=SNDBUF
+        ),
+        "haproxy-nodelay": HaproxyProxyConfig(
+            kind="haproxy",
+            timeout_client_s=3,
+            nolinger=True,
+            http_no_delay=True,
+            client_sndbuf_bytes=SNDBUF,
         ),
         "envoy": EnvoyProxyConfig(
             kind="envoy", stream_idle_timeout_s=3, client_sndbuf_bytes=SNDBUF
@@ -251,7 +263,10 @@ async def _one_stream(port: int, query: str, stamps: bool, rcvbuf: int | None) -
     assert head.startswith(b"HTTP/1.1 200"), head
     dec.feed(rest, time.monotonic_ns())
     while not dec.done:
-        data = await loop.sock_recv(sock, 262144)
+        try:
+            data = await loop.sock_recv(sock, 262144)
+        except ConnectionResetError:
+            data = b""
         if not data:
             break
         dec.feed(data, time.monotonic_ns())
@@ -416,7 +431,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python bench/proxies.py", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--proxies", default="none,egress,nginx-buffered,haproxy,envoy")
+    parser.add_argument(
+        "--proxies", default="none,egress,nginx-buffered,haproxy,haproxy-nodelay,envoy"
+    )
     parser.add_argument("--streams", type=int, default=64)
     parser.add_argument("--rate", type=float, default=50.0, help="events/s per paced stream")
     parser.add_argument("--duration-s", type=float, default=10.0, help="of the paced phase")

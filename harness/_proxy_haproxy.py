@@ -7,9 +7,11 @@ data; ``timeout server`` the same toward the target; ``tune.bufsize`` the size o
 (two per stream) buffers, which bounds what HAProxy holds per stream and the largest request
 head it accepts (minus ``tune.maxrewrite``); ``option abortonclose`` drops a request whose
 client went away before the server answered; ``option nolinger`` closes with a RST instead of
-a FIN; ``timeout http-request`` bounds the time a client may take to send its request head;
-``tune.sndbuf.client`` fixes the kernel send buffer toward clients (unset: autotuning, which on
-loopback lets ~4 MB queue before a write to a stalled reader blocks).
+a FIN; ``option http-no-delay`` sends each piece of a response at once (by default HAProxy
+sends with MSG_MORE and the kernel may hold small SSE events for up to ~200 ms; see
+``bench/RESULTS.md``); ``timeout http-request`` bounds the time a client may take to send its
+request head; ``tune.sndbuf.client`` fixes the kernel send buffer toward clients (unset:
+autotuning, which on loopback lets ~4 MB queue before a write to a stalled reader blocks).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class HaproxyProxyConfig(StrictOptions):
     tune_bufsize: int = Field(16384, ge=4096, description="tune.bufsize, bytes")
     abortonclose: bool = False
     nolinger: bool = False
+    http_no_delay: bool = False
     client_sndbuf_bytes: int | None = Field(None, ge=1024, description="tune.sndbuf.client")
     maxconn: int = Field(4096, ge=1)
     listen_host: str = "127.0.0.1"
@@ -69,6 +72,7 @@ defaults
     timeout http-request {duration_ms(c.timeout_http_request_s)}
     {option[c.abortonclose]} abortonclose
     {option[c.nolinger]} nolinger
+    {option[c.http_no_delay]} http-no-delay
 
 frontend zerowindow
     bind {c.listen_host}:{port}

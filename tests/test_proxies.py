@@ -4,6 +4,8 @@ through, and stopped with everything it created."""
 
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -107,6 +109,7 @@ def test_haproxy_cfg_carries_the_options():
         tune_bufsize=32768,
         abortonclose=True,
         nolinger=True,
+        http_no_delay=True,
         timeout_http_request_s=1.5,
     )
     text = render_haproxy_cfg(config, port=8082, upstream_host="127.0.0.1", upstream_port=9)
@@ -119,6 +122,7 @@ def test_haproxy_cfg_carries_the_options():
         "tune.bufsize 32768",
         "    option abortonclose",
         "    option nolinger",
+        "    option http-no-delay",
         "mode http",
     ):
         assert directive in text, directive
@@ -133,7 +137,9 @@ def test_haproxy_accepts_the_rendered_cfg(tmp_path):
     conf = tmp_path / "haproxy.cfg"
     for config in (
         HaproxyProxyConfig(kind="haproxy"),
-        HaproxyProxyConfig(kind="haproxy", abortonclose=True, nolinger=True, tune_bufsize=4096),
+        HaproxyProxyConfig(
+            kind="haproxy", abortonclose=True, nolinger=True, http_no_delay=True, tune_bufsize=4096
+        ),
     ):
         conf.write_text(
             render_haproxy_cfg(config, port=1, upstream_host="127.0.0.1", upstream_port=2)
@@ -276,8 +282,6 @@ def test_proxy_starts_health_checks_and_stops(tmp_path, sim, name):
         pid = proxy.server.proc.pid  # type: ignore[attr-defined]
     # stopped with the run: the process group is gone and the port is free again
     with pytest.raises(ProcessLookupError):
-        import os
-
         os.killpg(pid, 0)
     with pytest.raises(httpx.TransportError):
         httpx.get(url + "/health", timeout=2)
@@ -287,8 +291,6 @@ def test_proxy_starts_health_checks_and_stops(tmp_path, sim, name):
 @needs("nginx")
 def test_a_proxy_that_cannot_start_names_itself_and_quotes_its_log(tmp_path, sim):
     # a port that is taken: nginx cannot bind and says so in its error log
-    import socket
-
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

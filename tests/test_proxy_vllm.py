@@ -22,12 +22,14 @@ GREEDY: dict[str, object] = {
 }  # fmt: skip
 
 
-def _text(url: str, body: dict[str, object]) -> tuple[str, int]:
+def _text(url: str, body: dict[str, object]) -> str:
+    """The token text of one streamed completion (how vLLM groups tokens into events varies
+    from run to run, the text does not)."""
     with CLIENT.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
         assert r.status_code == 200
         sse = r.read()
     assert sse.endswith(b"data: [DONE]\n\n")
-    return token_text(sse), sse.count(b"\n\ndata: ")
+    return token_text(sse)
 
 
 @pytest.mark.parametrize(
@@ -46,7 +48,7 @@ def test_greedy_text_is_the_same_through_each_proxy(
     direct = _text(vllm_server, GREEDY)
     with running_proxy(proxy_config(name), tmp_path, vllm_server) as (url, _):
         proxied = _text(url, GREEDY)
-    assert direct[0] and proxied == direct
+    assert len(direct) > 100 and proxied == direct
 
 
 def _request(max_tokens: int) -> bytes:
@@ -88,7 +90,8 @@ def test_egress_resets_a_stalled_reader_and_vllm_stops_decoding(
         f"full read {full_s:.2f} s; reset {t_reset - t_head:.2f} s after the head; "
         f"vLLM dropped it {t_drop - t_start:.2f} s after the request; {generated:.0f} tokens"
     )
-    assert full_s > 4.0, "max_tokens completes too fast on this machine to show the abort"
+    if full_s < 2.0 + 1.0:
+        pytest.skip(f"max_tokens takes {full_s:.1f} s here: too fast to show the abort")
     assert 2.0 <= t_reset - t_head <= 2.0 + 1.5
     assert t_drop - t_start < full_s
     assert generated < tokens
