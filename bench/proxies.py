@@ -7,7 +7,9 @@ core 0 (every process and thread of its group, ``taskset -a``). For each proxy:
 
 - latency: ``--streams`` streams paced at ``--rate`` events/s each; per event, the time from
   the upstream's write to the client's read; the figure is p99 through the proxy minus p99
-  direct (``none``), the latency the proxy adds;
+  direct (``none``), the latency the proxy adds. All proxies run at once and the trials go
+  round-robin ``--repeats`` times; each proxy keeps its lowest p50 and p99 (load from
+  elsewhere on the machine only ever adds latency);
 - saturation: the same streams with the upstream writing as fast as each connection takes;
   events/s received by the client, the proxy's CPU seconds (utime+stime of its processes)
   per 1,000 events, and events per proxy CPU-second (events/s per core);
@@ -346,53 +348,72 @@ class ProxyResult:
     stalled_cut: int | None
 
 
-def measure(
-    name: str,
-    config: Any,
-    upstream_port: int,
-    args: argparse.Namespace,
-    baseline_p99_ms: float | None,
-) -> ProxyResult:
-    """Start proxy ``name``, run the three phases through it, stop it."""
-    proxy = make_proxy(config)
-    with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as tmp:
-        url = proxy.start(Path(tmp), f"http://127.0.0.1:{upstream_port}")
+def _latency_trial(port: int, args: argparse.Namespace) -> tuple[float, float]:
+    """(p50, p99) in ms of one paced trial through ``port``."""
+    events = int(args.rate * args.duration_s)
+    q = f"mode=paced&rate={args.rate}&events={events}&bytes={args.event_bytes}"
+    decs = _run_async(_streams(port, args.streams, q, stamps=True))
+    got = sum(d.events for d in decs) - args.streams  # without each [DONE]
+    assert got == args.streams * events, f"{got} events of {args.streams * events}"
+    lat = np.concatenate([np.array(d.latencies[int(args.rate) :]) for d in decs]) / 1e6
+    return float(np.percentile(lat, 50)), float(np.percentile(lat, 99))
+
+
+def _saturation(
+    port: int, procs: list[psutil.Process], args: argparse.Namespace
+) -> tuple[float, float, float, float, float]:
+    """(events/s, proxy CPU ms per 1,000 events, events per proxy CPU-second, proxy CPU
+    utilisation, load-side CPU utilisation) of one flood through ``port``."""
+    q = f"mode=flood&events={args.flood_events}&bytes={args.event_bytes}"
+    load_procs = [psutil.Process(args.upstream_pid), psutil.Process()]
+    cpu0, load0, t0 = _cpu_s(procs), _cpu_s(load_procs), time.monotonic()
+    decs = _run_async(_streams(port, args.streams, q, stamps=False))
+    wall, cpu = time.monotonic() - t0, _cpu_s(procs) - cpu0
+    load = (_cpu_s(load_procs) - load0) / wall
+    got = sum(d.events for d in decs) - args.streams
+    assert got == args.streams * args.flood_events, f"{got} flood events"
+    return got / wall, cpu / got * 1e6, got / cpu, cpu / wall, load
+
+
+def measure_all(
+    names: list[str], upstream_port: int, args: argparse.Namespace
+) -> list[ProxyResult]:
+    """Start every proxy in ``names`` (pinned to PROXY_CPU); run the latency trials
+    round-robin ``args.repeats`` times (so a burst of load from elsewhere on the machine hits
+    every proxy alike) keeping each proxy's lowest p50 and p99; then the saturation and
+    stalled phases proxy by proxy; stop them all."""
+    configs = bench_configs()
+    started: dict[str, tuple[Any, int, list[psutil.Process]]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-proxies-") as tmp:
         try:
-            procs = _group(proxy)
-            _pin(procs, PROXY_CPU)
-            port = int(url.rsplit(":", 1)[1])
-            # latency: paced streams
-            events = int(args.rate * args.duration_s)
-            q = f"mode=paced&rate={args.rate}&events={events}&bytes={args.event_bytes}"
-            decs = _run_async(_streams(port, args.streams, q, stamps=True))
-            lat = np.concatenate([np.array(d.latencies[int(args.rate) :]) for d in decs]) / 1e6
-            got = sum(d.events for d in decs) - args.streams  # without each [DONE]
-            assert got == args.streams * events, f"{name}: {got} of {args.streams * events}"
-            p50, p99 = float(np.percentile(lat, 50)), float(np.percentile(lat, 99))
-            # saturation: flooding streams
-            eps = cpu_per_1k = per_cpu = util = load = None
-            if procs:
-                q = f"mode=flood&events={args.flood_events}&bytes={args.event_bytes}"
-                load_procs = [psutil.Process(args.upstream_pid), psutil.Process()]
-                cpu0, load0, t0 = _cpu_s(procs), _cpu_s(load_procs), time.monotonic()
-                decs = _run_async(_streams(port, args.streams, q, stamps=False))
-                wall, cpu = time.monotonic() - t0, _cpu_s(procs) - cpu0
-                load = (_cpu_s(load_procs) - load0) / wall
-                got = sum(d.events for d in decs) - args.streams
-                assert got == args.streams * args.flood_events, f"{name}: {got} flood events"
-                eps, cpu_per_1k = got / wall, cpu / got * 1000 * 1000
-                per_cpu, util = got / cpu, cpu / wall
-            # stalled streams: memory
-            rss_per = cut = None
-            if procs:
-                rss_per, cut = _stalled(port, procs, args)
-            return ProxyResult(
-                name, p50, p99,
-                None if baseline_p99_ms is None else p99 - baseline_p99_ms,
-                eps, cpu_per_1k, per_cpu, util, load, rss_per, cut,
-            )  # fmt: skip
+            for name in names:
+                proxy = make_proxy(configs[name])
+                started[name] = (proxy, 0, [])
+                url = proxy.start(Path(tmp) / name, f"http://127.0.0.1:{upstream_port}")
+                procs = _group(proxy)
+                _pin(procs, PROXY_CPU)
+                started[name] = (proxy, int(url.rsplit(":", 1)[1]), procs)
+            trials: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
+            for _ in range(args.repeats):
+                for name in names:
+                    trials[name].append(_latency_trial(started[name][1], args))
+            results = []
+            base_p99 = min(t[1] for t in trials["none"])
+            for name in names:
+                _, port, procs = started[name]
+                p50 = min(t[0] for t in trials[name])
+                p99 = min(t[1] for t in trials[name])
+                sat = _saturation(port, procs, args) if procs else (None,) * 5
+                stalled = _stalled(port, procs, args) if procs else (None, None)
+                r = ProxyResult(
+                    name, p50, p99, None if name == "none" else p99 - base_p99, *sat, *stalled
+                )
+                results.append(r)
+                print(json.dumps(asdict(r)) if args.json else r, flush=True)
+            return results
         finally:
-            proxy.stop()
+            for proxy, _, _ in started.values():
+                proxy.stop()
 
 
 def _stalled(port: int, procs: list[psutil.Process], args: argparse.Namespace) -> tuple[float, int]:
@@ -441,6 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--event-bytes", type=int, default=200)
     parser.add_argument("--stalled", type=int, default=200)
     parser.add_argument("--stalled-kib", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3, help="latency trials per proxy")
     parser.add_argument("--json", action="store_true", help="print results as JSON lines")
     return parser
 
@@ -448,7 +470,7 @@ def build_parser() -> argparse.ArgumentParser:
 def command_line(args: argparse.Namespace) -> str:
     return (
         f"python bench/proxies.py --proxies {args.proxies} --streams {args.streams} "
-        f"--rate {args.rate:g} --duration-s {args.duration_s:g} "
+        f"--rate {args.rate:g} --duration-s {args.duration_s:g} --repeats {args.repeats} "
         f"--flood-events {args.flood_events} --event-bytes {args.event_bytes} "
         f"--stalled {args.stalled} --stalled-kib {args.stalled_kib}"
     )
@@ -472,7 +494,7 @@ def run(args: argparse.Namespace) -> list[ProxyResult]:
     upstream = subprocess.Popen(cmd, start_new_session=True)
     args.upstream_pid = upstream.pid
     os.sched_setaffinity(0, {int(LOAD_CPU)})
-    results = []
+    results: list[ProxyResult] = []
     try:
         deadline = time.monotonic() + 10
         while True:
@@ -483,13 +505,7 @@ def run(args: argparse.Namespace) -> list[ProxyResult]:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
-        baseline = None
-        for name in names:
-            r = measure(name, configs[name], up_port, args, baseline)
-            if name == "none":
-                baseline = r.p99_ms
-            results.append(r)
-            print(json.dumps(asdict(r)) if args.json else r, flush=True)
+        results = measure_all(names, up_port, args)
     finally:
         upstream.terminate()
         upstream.wait(10)
