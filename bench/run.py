@@ -86,20 +86,20 @@ def _proxy_section() -> list[str]:
         "",
         "Same machine, same workload for every proxy: a synthetic upstream that streams "
         f"{args.event_bytes}-byte chunked SSE events stamped with CLOCK_MONOTONIC, and a "
-        "raw-socket client, both pinned to core 1; the proxy pinned to core 0 (`taskset -a`, all "
-        "its processes and threads). Latency: "
-        f"{args.streams} streams at {args.rate:g} events/s each for {args.duration_s:g} s (the "
-        "first second of each stream dropped), upstream write to client read, per event; "
-        f"{args.repeats} trials per proxy, round-robin over the proxies, lowest p50 and p99 kept; "
-        "added p99 is the proxy's p99 minus the direct (`none`) p99. Saturation: the same streams with "
-        f"the upstream writing as fast as each connection takes ({args.flood_events:,} events "
-        "each); CPU is the utime+stime of the proxy's processes over the phase. Stalled: "
-        f"{args.stalled} clients with a 4 KiB receive buffer that never read, "
-        f"{args.stalled_kib} KiB each written by the upstream at once; RSS grown per stream "
-        "1 s later, and how many were already cut by then. Load CPU is the upstream's and the "
-        "client's CPU over the saturation phase (near 100 %: the load side, not the proxy, "
-        "bounded events/s). Proxy options: see the docstring of "
-        "`bench/proxies.py` (all with a 32 KiB kernel send buffer toward clients).",
+        "raw-socket client, both pinned to core 1; the proxy pinned to core 0 (`taskset -a`, "
+        "all its processes and threads). Latency: "
+        f"{args.streams} streams at {args.rate:g} events/s each for {args.duration_s:g} s "
+        "(the first second of each stream dropped), upstream write to client read, per "
+        f"event; {args.repeats} trials per proxy, round-robin over the proxies, lowest p50 "
+        "and p99 kept; added p99 is the proxy's p99 minus the direct (`none`) p99. "
+        "Saturation: the same streams with the upstream writing as fast as each connection "
+        f"takes ({args.flood_events:,} events each); CPU is the utime+stime of the proxy's "
+        f"processes over the phase. Stalled: {args.stalled} clients with a 4 KiB receive "
+        f"buffer that never read, {args.stalled_kib} KiB each written by the upstream at "
+        "once; RSS grown per stream 1 s later, and how many were already cut by then. Load "
+        "CPU is the upstream's and the client's CPU over the saturation phase (near 100 %: "
+        "the load side, not the proxy, bounded events/s). Proxy options: see the docstring "
+        "of `bench/proxies.py` (all with a 32 KiB kernel send buffer toward clients).",
         "",
         f"Command: `{proxy_bench.command_line(args)}`",
         "",
