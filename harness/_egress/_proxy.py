@@ -491,31 +491,16 @@ class EgressCore:
         monitor.add_done_callback(lambda f: self._on_client_read(c, f))
         started = False
         limit = cfg.buffer_bytes
-        # The chunks of one upstream read leave in one write (one send(2), not one per event),
-        # as long as they fit under the limit; the limit is checked per chunk as before.
-        pending: list[bytes] = []
-        pending_bytes = 0
         try:
             while True:
                 event = up.next_event()
                 if event is h11.NEED_DATA:
-                    if pending:
-                        c.write(b"".join(pending))
-                        pending.clear()
-                        pending_bytes = 0
                     up.receive_data(await ureader.read(READ_CHUNK))
                     continue
                 if c.transport.is_closing():
                     break  # cut, or the client went away
                 if isinstance(event, h11.Data):
-                    out = c.conn.send(h11.Data(data=event.data)) or b""
-                    pending.append(out)
-                    pending_bytes += len(out)
-                    if pending_bytes + c.transport.get_write_buffer_size() <= limit:
-                        continue
-                    c.write(b"".join(pending))
-                    pending.clear()
-                    pending_bytes = 0
+                    c.write(c.conn.send(h11.Data(data=event.data)) or b"")
                 elif isinstance(event, h11.Response):
                     head = h11.Response(
                         status_code=event.status_code,
@@ -526,8 +511,7 @@ class EgressCore:
                     started = True
                 elif isinstance(event, h11.EndOfMessage):
                     c.upstream = None
-                    pending.append(c.conn.send(h11.EndOfMessage()) or b"")
-                    c.write(b"".join(pending))
+                    c.write(c.conn.send(h11.EndOfMessage()) or b"")
                     break
                 elif isinstance(event, h11.InformationalResponse):
                     continue
@@ -541,8 +525,6 @@ class EgressCore:
                         self._cut(c, "overflow")
                         break
         except (h11.ProtocolError, OSError) as exc:
-            if pending:  # what arrived intact before the failure is relayed
-                c.write(b"".join(pending))
             if c.cut_reason is None and not c.client_closed and not c.transport.is_closing():
                 stage = "mid_stream" if started else "before_response"
                 m.upstream_errors[stage].inc()
