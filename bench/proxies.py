@@ -403,8 +403,10 @@ def measure_all(
                 _, port, procs = started[name]
                 p50 = min(t[0] for t in trials[name])
                 p99 = min(t[1] for t in trials[name])
-                sat = _saturation(port, procs, args) if procs else (None,) * 5
+                # stalled first: after the saturation phase the proxy's allocator keeps the
+                # pages it grew to, and the stalled streams' buffers would reuse them unseen
                 stalled = _stalled(port, procs, args) if procs else (None, None)
+                sat = _saturation(port, procs, args) if procs else (None,) * 5
                 r = ProxyResult(
                     name, p50, p99, None if name == "none" else p99 - base_p99, *sat, *stalled
                 )
