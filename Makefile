@@ -22,11 +22,15 @@ $(MODEL)/config.json: $(STAMP)
 
 # Debian packages the tests drive for real: one "command:package" pair each. A missing command
 # is installed when running as root; otherwise its tests are skipped with the reason.
-DEBS := nginx:nginx haproxy:haproxy
+DEBS := nginx:nginx haproxy:haproxy chromium:chromium ip:iproute2 nft:nftables iptables:iptables tcpdump:tcpdump
+# Debian libraries a Python package builds against (no command to look for): "header:package".
+DEB_LIBS := /usr/include/libnetfilter_queue/libnetfilter_queue.h:libnetfilter-queue-dev
 
 debs:
 	@missing=""; for pair in $(DEBS); do \
 	  command -v "$${pair%%:*}" >/dev/null 2>&1 || missing="$$missing $${pair#*:}"; done; \
+	for pair in $(DEB_LIBS); do \
+	  test -e "$${pair%%:*}" || missing="$$missing $${pair#*:}"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from netem import tcp_sockets
+from netem._diag import TcpDiag
 
 # Gauge and counter samples read from vLLM's /metrics (vllm/v1/metrics/loggers.py). The first
 # name found wins; vLLM before 0.10 called KV usage `vllm:gpu_cache_usage_perc`.
@@ -127,30 +127,55 @@ class MetricsScraper(_Sampler):
         self._client.close()
 
 
-class SocketSampler(_Sampler):
-    """Samples the server's TCP connections on ``port`` every ``interval_s`` seconds.
+SOCKET_COLUMNS = [
+    "t", "local_port", "client_addr", "client_port", "state", "send_q_bytes", "recv_q_bytes",
+    "snd_wnd_bytes", "rtt_ms", "retransmits", "zero_window_probes", "busy_ms",
+    "rwnd_limited_ms", "sndbuf_limited_ms",
+]  # fmt: skip
 
-    ``rows`` holds one dict per connection and sample: ``t``, ``client_addr``, ``client_port``,
-    ``state``, ``send_q_bytes``, ``recv_q_bytes``. Listening sockets are left out.
+
+class SocketSampler(_Sampler):
+    """Samples the server's TCP connections on ``ports`` (the target's and the proxy's
+    listening ports) every ``interval_s`` seconds through ``inet_diag`` (:mod:`netem._diag`),
+    inside network namespace ``netns`` (``None``: the harness's own).
+
+    ``rows`` holds one dict per connection and sample with the keys of
+    :data:`SOCKET_COLUMNS` (``local_port`` is the server's port, ``client_*`` the peer's);
+    listening and TIME_WAIT sockets are left out. ``last_error`` says why a sample failed.
     """
 
-    def __init__(self, port: int, *, interval_s: float = 0.1) -> None:
+    def __init__(
+        self, ports: int | set[int], *, interval_s: float = 0.1, netns: str | None = None
+    ) -> None:
         super().__init__(interval_s, "zw-sockets")
-        self.port = port
+        self.ports = {ports} if isinstance(ports, int) else set(ports)
+        self.netns = netns
         self.rows: list[dict[str, Any]] = []
+        self.last_error: str | None = None
+        self._diag: TcpDiag | None = None
 
     def sample(self) -> None:
         t = time.monotonic()
-        for s in tcp_sockets(local_port=self.port):
-            if s.state == "LISTEN":
-                continue
-            self.rows.append(
-                {
-                    "t": t,
-                    "client_addr": s.remote_addr,
-                    "client_port": s.remote_port,
-                    "state": s.state,
-                    "send_q_bytes": s.send_q_bytes,
-                    "recv_q_bytes": s.recv_q_bytes,
-                }
-            )
+        try:
+            if self._diag is None:
+                self._diag = TcpDiag(netns=self.netns)
+            conns = self._diag.connections(self.ports)
+        except Exception as exc:  # a failed sample is a gap, not the end of the run
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            self._close()
+            return
+        for c in conns:
+            row = c.row()
+            row["client_addr"] = row.pop("remote_addr")
+            row["client_port"] = row.pop("remote_port")
+            del row["local_addr"]
+            self.rows.append({"t": t, **row})
+
+    def _close(self) -> None:
+        if self._diag is not None:
+            self._diag.close()
+            self._diag = None
+
+    def stop(self) -> None:
+        super().stop()
+        self._close()

@@ -5,8 +5,10 @@ from __future__ import annotations
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from harness._gates import GateResult
 from harness._summary import RunSummary
 
 
@@ -55,3 +57,26 @@ def print_summary(summary: RunSummary, *, run_dir: str, console: Console | None 
     if summary.failure:
         console.print(f"[bold red]run {summary.status}: {summary.failure}[/bold red]")
     console.print(f"results: {run_dir}")
+
+
+def print_gates(gates: list[GateResult], *, exit_code: int, console: Console | None = None) -> None:
+    """Print the gate results (nothing when the scenario declares none) and the exit code."""
+    if not gates:
+        return
+    console = console or Console(width=None if sys.stdout.isatty() else 160)
+    table = Table(title="gates", title_justify="left")
+    for col in ("", "gate", "reason"):
+        table.add_column(col)
+    for g in gates:
+        mark = "[green]pass[/green]" if g.passed else "[bold red]FAIL[/bold red]"
+        mark = "[yellow]skip[/yellow]" if g.skipped else mark
+        table.add_row(mark, escape(g.gate), escape(g.reason))
+    console.print(table)
+    failed = sum(not g.passed for g in gates)
+    skipped = sum(g.skipped for g in gates)
+    style = "bold red" if failed else "green"
+    note = f", {skipped} skipped" if skipped else ""
+    console.print(
+        f"[{style}]{len(gates) - failed - skipped} of {len(gates)} gates passed{note}"
+        f"[/{style}] (exit {exit_code})"
+    )

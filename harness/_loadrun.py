@@ -55,9 +55,10 @@ def start_load(
     model: str,
     seed: int,
     max_duration_s: float,
+    netns: str | None = None,
 ) -> LoadProcess:
-    """Write the group's configuration and start its Locust process. Raises ``OSError`` if
-    Locust cannot be started."""
+    """Write the group's configuration and start its Locust process (inside network namespace
+    ``netns``, if given). Raises ``OSError`` if Locust cannot be started."""
     config_path = run_dir / f"group-{group.name}.json"
     rec_path = records_path(run_dir, group.name)
     config_path.write_text(
@@ -86,6 +87,9 @@ def start_load(
     ]  # fmt: skip
     log_path = run_dir / f"locust-{group.name}.log"
     proc = start_process(
-        argv, log_path=log_path, env={SATURATION_ENV: str(saturation_path(run_dir, group.name))}
+        argv,
+        log_path=log_path,
+        env={SATURATION_ENV: str(saturation_path(run_dir, group.name))},
+        netns=netns,
     )
     return LoadProcess(group.name, argv, proc, rec_path, log_path)

@@ -10,17 +10,25 @@ from collections.abc import Callable
 from pathlib import Path
 
 from harness._health import TargetError, wait_healthy
+from netem._netns import exec_prefix
 
 
 def start_process(
-    argv: list[str], *, log_path: Path, env: dict[str, str] | None = None, cwd: Path | None = None
+    argv: list[str],
+    *,
+    log_path: Path,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    netns: str | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start ``argv`` in a new session (so it has its own process group) with stdout and stderr
-    appended to ``log_path``. Raises ``OSError`` if the program cannot be started."""
+    appended to ``log_path``, inside network namespace ``netns`` if given (through
+    ``ip netns exec``, which then execs ``argv``: the pid is the program's). Raises ``OSError``
+    if the program cannot be started."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         return subprocess.Popen(
-            argv,
+            exec_prefix(netns) + argv,
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -64,12 +72,15 @@ def stop_process_group(proc: subprocess.Popen[bytes], *, grace_s: float = 10.0) 
 class ServerProcess:
     """A server the run starts (target or proxy): its process group, health check and exit.
 
-    ``label`` names it in messages ("nginx", "vLLM").
+    ``label`` names it in messages ("nginx", "vLLM"); ``netns``, when set before
+    :meth:`launch`, is the network namespace it runs in.
     """
 
     def __init__(self, label: str) -> None:
         self.label = label
         self.proc: subprocess.Popen[bytes] | None = None
+        # The network namespace to start in (set by the run when it has a topology).
+        self.netns: str | None = None
 
     def launch(
         self,
@@ -85,7 +96,7 @@ class ServerProcess:
         200. ``alive`` reports an early death (default: :meth:`failure`). Raises
         :class:`TargetError` if it cannot start, dies or stays unhealthy."""
         try:
-            self.proc = start_process(argv, log_path=log_path, env=env)
+            self.proc = start_process(argv, log_path=log_path, env=env, netns=self.netns)
         except OSError as exc:
             raise TargetError(f"cannot start {self.label} ({argv[0]}): {exc}") from None
         wait_healthy(url, timeout_s=timeout_s, alive=alive or self.failure)

@@ -10,6 +10,7 @@ the run failed.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import sys
@@ -17,7 +18,7 @@ import time
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
@@ -27,9 +28,16 @@ from urllib.parse import urlsplit
 import pandas as pd
 from pydantic import ValidationError
 
-from harness._collectors import MetricsScraper, SocketSampler
+from harness._baseline import Baseline, baseline_path, load_baseline
+from harness._collectors import SOCKET_COLUMNS, MetricsScraper, SocketSampler
+from harness._figures import figures
+from harness._gates import GateResult, evaluate_gates, needs_baseline
+from harness._junit import write_junit
 from harness._loadrun import LoadProcess, records_path, saturation_path, start_load
+from harness._netrun import RunNetwork, plan_network
+from harness._progress import RunProgress
 from harness._proxies import make_proxy
+from harness._report import report_or_warning
 from harness._runinfo import host_facts, versions
 from harness._saturation import saturation_summary
 from harness._scenario import Scenario, ScenarioError, UrlTargetConfig
@@ -43,6 +51,7 @@ from harness._summary import (
 from harness._tables import chunks_frame, load_records, requests_frame, write_parquet
 from harness._targets import Target, TargetError, make_target
 from harness._verdicts import kv_held_verdict
+from netem._netns import NetemError
 
 # Exit codes of `zerowindow run`.
 EXIT_OK, EXIT_FAILED, EXIT_SETUP, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -56,11 +65,24 @@ class RunInterrupted(Exception):
 
 @dataclass
 class RunResult:
-    """What a run produced: its folder, summary and the exit code `zerowindow run` returns."""
+    """What a run produced: its folder, summary, the exit code `zerowindow run` returns, the
+    scenario's gates evaluated and the baseline file they used (if any)."""
 
     run_dir: Path
     summary: RunSummary
     exit_code: int
+    gates: list[GateResult] = field(default_factory=list)
+    baseline: Path | None = None
+
+    @property
+    def figures(self) -> dict[str, float | None]:
+        """The run's figures by name (see :mod:`harness._figures`)."""
+        return figures(self.summary)
+
+    @property
+    def gates_passed(self) -> bool:
+        """Whether every gate passed (true when there are none)."""
+        return all(g.passed for g in self.gates)
 
 
 @contextmanager
@@ -68,8 +90,13 @@ def _signals_raise() -> Iterator[list[str]]:
     """Turn the first SIGINT/SIGTERM into :class:`RunInterrupted`; ignore later ones so that
     clean-up finishes. Yields a list that receives the signal names."""
     received: list[str] = []
+    owner = os.getpid()
 
     def handler(signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != owner:
+            # A forked child (pyroute2 forks to enter namespaces) inherits this handler; the
+            # exception would unwind the child through the run's clean-up. It just exits.
+            os._exit(128 + signum)
         received.append(signal.Signals(signum).name)
         if len(received) == 1:
             raise RunInterrupted(received[0])
@@ -102,7 +129,12 @@ class _Run:
     """State of one run; ``execute`` is the whole life cycle."""
 
     def __init__(
-        self, scenario: Scenario, scenario_path: Path | None, run_dir: Path, target: Target
+        self,
+        scenario: Scenario,
+        scenario_path: Path | None,
+        run_dir: Path,
+        target: Target,
+        network: RunNetwork | None = None,
     ) -> None:
         self.scenario = scenario
         self.scenario_path = scenario_path
@@ -110,6 +142,8 @@ class _Run:
         self.target = target
         self.proxy = make_proxy(scenario.proxy)
         self.client_url = target.base_url
+        self.client_port: int | None = None
+        self.network = network
         self.loads: list[LoadProcess] = []
         self.scraper: MetricsScraper | None = None
         self.sockets: SocketSampler | None = None
@@ -117,6 +151,8 @@ class _Run:
         self.failure: str | None = None
         self.exit_code = EXIT_OK
         self.t_start = self.t_load = time.monotonic()
+        self.progress: RunProgress | None = None
+        self.phase = "starting target"
         self.info: dict[str, Any] = {
             "scenario": scenario.model_dump(mode="json"),
             "scenario_path": str(scenario_path) if scenario_path else None,
@@ -131,19 +167,47 @@ class _Run:
     # -- phases -------------------------------------------------------------------------
 
     def _start_target(self) -> None:
+        netns = None
+        if self.network is not None:
+            self.network.setup(self.run_dir)
+            netns = self.network.server_netns
+            for part in (self.target, self.proxy):
+                if (server := getattr(part, "server", None)) is not None:
+                    server.netns = netns
         self.target.start(self.run_dir)
         self.client_url = self.proxy.start(self.run_dir, self.target.base_url)
+        if self.network is not None:
+            for part in (self.target, self.proxy):
+                if (server := getattr(part, "server", None)) is not None:
+                    self.network.record_process(server.proc, server.label)
         # Undelivered bytes wait in the sockets that face the clients (the proxy's, if any).
         url = urlsplit(self.client_url)
-        port = url.port or (443 if url.scheme == "https" else 80)
+        port = self.client_port = url.port or (443 if url.scheme == "https" else 80)
+        target_port = urlsplit(self.target.base_url).port or port
         c = self.scenario.collectors
         self.scraper = MetricsScraper(self.target.base_url, interval_s=c.metrics_interval_s)
-        self.sockets = SocketSampler(port, interval_s=c.sockets_interval_s)
+        self.sockets = SocketSampler(
+            {port, target_port}, interval_s=c.sockets_interval_s, netns=netns
+        )
         self.scraper.start()
         self.sockets.start()
 
+    def _tick(self, phase: str | None = None) -> None:
+        """Report to the progress display, if any (called from every wait loop)."""
+        self.phase = phase or self.phase
+        if self.progress is not None:
+            latest = self.scraper.rows[-1] if self.scraper and self.scraper.rows else None
+            t_load = None if self.phase == "starting target" else self.t_load
+            try:
+                self.progress.update(self.phase, t_load=t_load, metrics=latest)
+            except RunInterrupted:
+                raise
+            except Exception:  # noqa: BLE001 - a broken display must not fail the run
+                self.progress = None
+
     def _start_load(self) -> None:
         self.t_load = t_load = time.monotonic()
+        self._tick("load")
         for group in sorted(self.scenario.groups, key=lambda g: g.start_after_s):
             self._sleep_checking(t_load + group.start_after_s - time.monotonic())
             self.loads.append(
@@ -154,8 +218,11 @@ class _Run:
                     model=self.target.served_model_name,
                     seed=self.scenario.seed,
                     max_duration_s=self.scenario.max_duration_s,
+                    netns=self.network.group_netns(group.name) if self.network else None,
                 )
             )
+            if self.network is not None:
+                self.network.record_process(self.loads[-1].proc, f"locust {group.name}")
 
     def _target_failure(self) -> str | None:
         reason = self.target.failure() or self.proxy.failure()
@@ -176,6 +243,7 @@ class _Run:
         while (left := end - time.monotonic()) > 0:
             if reason := self._target_failure():
                 raise TargetError(reason)
+            self._tick()
             time.sleep(min(0.2, left))
 
     def _wait(self) -> None:
@@ -187,7 +255,9 @@ class _Run:
                 raise TargetError(
                     f"load did not finish within max_duration_s={self.scenario.max_duration_s:g}"
                 )
+            self._tick()
             time.sleep(0.2)
+        self._tick("cooldown")
         self._sleep_checking(self.scenario.cooldown_s)
 
     def execute(self) -> RunResult:
@@ -195,6 +265,7 @@ class _Run:
         started = False
         with _signals_raise() as received:
             try:
+                self._tick("starting target")
                 self._start_target()
                 started = True
                 self._start_load()
@@ -206,6 +277,10 @@ class _Run:
                 self.status = "failed"
                 self.exit_code = EXIT_FAILED if started else EXIT_SETUP
                 self.failure = str(exc)
+            except NetemError as exc:
+                self.status = "failed"
+                self.exit_code = EXIT_FAILED if started else EXIT_SETUP
+                self.failure = f"network: {exc}"
             except OSError as exc:
                 self.status, self.exit_code = "failed", EXIT_SETUP
                 self.failure = f"cannot start the run: {exc}"
@@ -221,6 +296,10 @@ class _Run:
 
     def _finish(self) -> RunSummary:
         """Release everything, then write what was measured. Runs once, in ``finally``."""
+        try:
+            self._tick("writing results")
+        except Exception:  # noqa: BLE001 - progress is best effort; a signal here is ignored
+            pass
         for load in self.loads:
             load.stop()
         for sampler in (self.scraper, self.sockets):
@@ -228,7 +307,11 @@ class _Run:
                 sampler.stop()
         self.proxy.stop()
         self.target.stop()
+        if self.network is not None:
+            self.network.teardown(self.run_dir)
+            self.info["network"] = self.network.describe()
         self.info["proxy"] = self.proxy.describe()
+        self.info["client_facing_port"] = self.client_port
         self.info["load_processes"] = [{"group": ld.group, "argv": ld.argv} for ld in self.loads]
         self.info["target"] = self.target.describe()
         return self._write_results()
@@ -241,10 +324,12 @@ class _Run:
             )
         sockets = pd.DataFrame(
             self.sockets.rows if self.sockets else [],
-            columns=["t", "client_addr", "client_port", "state", "send_q_bytes", "recv_q_bytes"],
+            columns=SOCKET_COLUMNS,
         )
         records = load_records(records_path(self.run_dir, g.name) for g in self.scenario.groups)
-        requests = requests_frame(records, sockets)
+        # Requests meet the server on the client-facing port (the proxy's, if any).
+        client_sockets = sockets[sockets["local_port"] == self.client_port]
+        requests = requests_frame(records, client_sockets)
         chunks = chunks_frame(records)
         for frame, name in (
             (requests, "requests"),
@@ -255,7 +340,9 @@ class _Run:
             write_parquet(frame, self.run_dir / f"{name}.parquet")
         t_first_send = float(requests["t_send"].min()) if len(requests) else None
         # Only the load's own connections: not the scraper's, nor anyone else's.
-        load_sockets = sockets[sockets["client_port"].isin(requests["client_port"].dropna())]
+        load_sockets = client_sockets[
+            client_sockets["client_port"].isin(requests["client_port"].dropna())
+        ]
         verdict = kv_held_verdict(
             metrics,
             load_sockets,
@@ -275,6 +362,7 @@ class _Run:
             client_saturation=saturation_summary(
                 [saturation_path(self.run_dir, g.name) for g in self.scenario.groups]
             ),
+            stalled_flows=self.network.stalled if self.network and self.network.captures else None,
         )
         _write_json(self.run_dir / "summary.json", summary.model_dump(mode="json"))
         self.info.update(
@@ -299,24 +387,107 @@ def url_target(scenario: Scenario, url: str) -> UrlTargetConfig:
         raise ScenarioError(f"--target-url {url!r}: {reason}") from None
 
 
+def _baseline_for(
+    scenario: Scenario, path: Path | None, *, use: bool = True
+) -> tuple[Path, Baseline] | None:
+    """The baseline the scenario's gates need (``None`` if no gate refers to it, or not
+    ``use``)."""
+    if not use or not needs_baseline(scenario.gates):
+        return None
+    path = path or baseline_path(scenario.name)
+    return path, load_baseline(path)
+
+
+def _check_gates(
+    run: _Run, result: RunResult, base: tuple[Path, Baseline] | None, *, skip_relative: bool
+) -> None:
+    """Evaluate the gates, write ``gates.json`` and ``junit.xml``, and turn a complete run
+    with a failed gate into exit code 1 (recorded in ``run.json``)."""
+    result.baseline = base[0] if base else None
+    result.gates = evaluate_gates(
+        run.scenario.gates,
+        result.figures,
+        base[1].figures if base else None,
+        baseline_source=f"baseline {base[0]}" if base else "the baseline",
+        skip_relative=skip_relative,
+    )
+    if result.exit_code == EXIT_OK and not result.gates_passed:
+        result.exit_code = EXIT_FAILED
+    _write_json(
+        run.run_dir / "gates.json",
+        {
+            "baseline": str(result.baseline) if result.baseline else None,
+            "baseline_provenance": base[1].provenance if base else None,
+            "gates": [vars(g) for g in result.gates],
+        },
+    )
+    write_junit(
+        run.run_dir / "junit.xml",
+        result.summary,
+        result.gates,
+        run_dir=run.run_dir,
+        baseline=result.baseline,
+    )
+    run.info.update(
+        exit_code=result.exit_code,
+        gates={
+            "passed": sum(g.passed and not g.skipped for g in result.gates),
+            "failed": sum(not g.passed for g in result.gates),
+            "skipped": sum(g.skipped for g in result.gates),
+            "baseline": str(result.baseline) if result.baseline else None,
+        },
+    )
+    _write_json(run.run_dir / "run.json", run.info)
+
+
 def run_scenario(
     scenario: Scenario,
     *,
     scenario_path: Path | None = None,
     out_root: Path = Path("results"),
     target_url: str | None = None,
+    baseline: Path | None = None,
+    use_baseline: bool = True,
+    progress: RunProgress | None = None,
 ) -> RunResult:
     """Run ``scenario`` and write its run folder under ``out_root/<name>/<UTC timestamp>/``.
 
-    ``target_url`` attaches to a running server instead of the scenario's target. Never raises
-    for failures of the target or the load: they are recorded in ``run.json`` and
-    ``summary.json`` and reflected in :attr:`RunResult.exit_code` (0 complete, 1 failed during
-    the run, 2 could not start, 130 interrupted by SIGINT/SIGTERM). Raises
-    :class:`ScenarioError` only for an invalid ``target_url``, before anything starts.
+    ``target_url`` attaches to a running server instead of the scenario's target. When a gate
+    refers to ``baseline``, the baseline file ``baseline`` (default
+    ``results/baselines/<name>.json``) is loaded before anything starts; with
+    ``use_baseline=False`` none is loaded and relative gates are reported as skipped (the first
+    run of a scenario, to be saved as its baseline). ``progress`` shows the
+    run live (see :mod:`harness._progress`). Never raises for failures of the target or the
+    load: they are recorded in ``run.json`` and ``summary.json`` and reflected in
+    :attr:`RunResult.exit_code` (0 complete and every gate passed, 1 failed during the run or a
+    gate failed, 2 could not start, 130 interrupted by SIGINT/SIGTERM). The gates are written
+    to ``gates.json`` and ``junit.xml``. Raises :class:`ScenarioError` for an invalid
+    ``target_url``, or for a target the run cannot start inside its server namespace when the
+    scenario needs one, and :class:`~harness._baseline.BaselineError` for a baseline that is
+    needed but missing or invalid, all before anything starts.
     """
     if target_url is not None:
         scenario = scenario.model_copy(update={"target": url_target(scenario, target_url)})
+    scenario, network = plan_network(scenario)
+    base = _baseline_for(scenario, baseline, use=use_baseline)
     run_dir = new_run_dir(out_root, scenario.name)
     if scenario_path is not None:
         shutil.copyfile(scenario_path, run_dir / "scenario.toml")
-    return _Run(scenario, scenario_path, run_dir, make_target(scenario.target)).execute()
+    run = _Run(scenario, scenario_path, run_dir, make_target(scenario.target), network)
+    run.progress = progress
+    if progress is not None:
+        progress.start(
+            scenario=scenario.name,
+            run_dir=run_dir,
+            groups=[g.name for g in scenario.groups],
+            max_duration_s=scenario.max_duration_s,
+        )
+    try:
+        result = run.execute()
+    finally:
+        if progress is not None:
+            progress.stop()
+    _check_gates(run, result, base, skip_relative=not use_baseline)
+    if warning := report_or_warning(run_dir):  # after the results; never changes the result
+        print(warning, file=sys.stderr)
+    return result

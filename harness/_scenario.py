@@ -7,8 +7,10 @@ process of identical users with one read behaviour), and collector and verdict s
 
 from __future__ import annotations
 
+import difflib
 import re
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -17,11 +19,17 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PlainSerializer,
+    PlainValidator,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
+from harness._figures import figure_names
+from harness._gates import Gate, GateSyntaxError, parse_gate, unknown_figures
 from harness._proxies import NoProxyConfig, ProxyConfig
 from harness._sim import SimConfig
 from loadgen import UserGroupConfig
@@ -123,6 +131,81 @@ class VerdictConfig(_Strict):
     min_observe_s: float = Field(1.0, gt=0)
 
 
+class ServerNetConfig(_Strict):
+    """Kernel TCP buffer settings of the server's network namespace (``[server_net]``), each
+    ``[min, default, max]`` bytes as in tcp(7) (``net.ipv4.tcp_wmem``: the send buffer, whose
+    size decides how long a stalled client goes unnoticed; ``net.ipv4.tcp_rmem``: the
+    receive buffer). Setting either runs the target and proxy in a namespace of their own."""
+
+    tcp_wmem: tuple[int, int, int] | None = None
+    tcp_rmem: tuple[int, int, int] | None = None
+
+    @field_validator("tcp_wmem", "tcp_rmem")
+    @classmethod
+    def _ordered(cls, value: tuple[int, int, int] | None) -> tuple[int, int, int] | None:
+        if value is not None and not (0 < value[0] <= value[1] <= value[2]):
+            raise ValueError("expected [min, default, max] bytes with 0 < min <= default <= max")
+        return value
+
+    def sysctls(self) -> dict[str, str]:
+        """``{"net.ipv4.tcp_wmem": "4096 16384 65536", ...}`` for the fields that are set."""
+        out = {}
+        for name in ("tcp_wmem", "tcp_rmem"):
+            value = getattr(self, name)
+            if value is not None:
+                out[f"net.ipv4.{name}"] = " ".join(str(v) for v in value)
+        return out
+
+
+class NetemConfig(_Strict):
+    """How the run builds its links (``[netem]``).
+
+    ``backend``: shaping backend, ``auto`` (probe once: the kernel's netem qdisc where it
+    exists, else the fallback), ``netem`` or ``fallback``. ``measure``: measure each shaped
+    link (RTT, throughput, loss) before the load starts and store the figures in ``run.json``
+    (``measure_duration_s`` of bulk transfer each way, ``measure_udp_packets`` datagrams each
+    way for loss).
+    ``isolate``: give every group its own namespace and link even when no group names a
+    network profile. ``capture``: record TCP headers on each group's client-side veth
+    (tcpdump) and analyse them into ``wire.parquet`` (zero windows, window probes, FIN, RST)
+    and, per stalled flow, the time from its first zero window to the RST and who sent it.
+    ``profiles``: link profiles of this scenario by name
+    (``[netem.profiles.my-link]`` with the fields of a link profile), usable as a group's
+    ``network_profile`` beside the built-in presets.
+    """
+
+    backend: Literal["auto", "netem", "fallback"] = "auto"
+    measure: bool = True
+    measure_duration_s: float = Field(2.0, gt=0, description="bulk transfer each way, s")
+    measure_udp_packets: int = Field(300, ge=0, description="UDP datagrams each way; 0: no loss")
+    isolate: bool = False
+    capture: bool = False
+    profiles: dict[str, dict[str, Any]] = {}
+
+    @field_validator("profiles")
+    @classmethod
+    def _valid_profiles(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        from netem._links import check_profiles
+
+        problems = check_profiles({}, value)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return value
+
+
+def _gate(value: Any) -> Gate:
+    if isinstance(value, Gate):
+        return value
+    try:
+        return parse_gate(value)
+    except GateSyntaxError as exc:
+        raise PydanticCustomError("gate_syntax", "{reason}", {"reason": str(exc)}) from None
+
+
+# A gate in a scenario: written and read as its text, held parsed (see harness._gates).
+GateField = Annotated[Gate, PlainValidator(_gate), PlainSerializer(str, return_type=str)]
+
+
 class Scenario(_Strict):
     """A whole experiment. ``proxy`` stands between the clients and the target (default: none).
     ``max_duration_s`` bounds the load phase; ``cooldown_s`` is how long the collectors keep
@@ -138,6 +221,52 @@ class Scenario(_Strict):
     groups: list[UserGroupConfig] = Field(min_length=1)
     collectors: CollectorConfig = CollectorConfig()
     verdict: VerdictConfig = VerdictConfig()
+    gates: list[GateField] = Field(
+        [], description="SLO gates such as 'fast.ttft_p99_ms <= 800' (see harness._gates)"
+    )
+
+    @field_validator("gates")
+    @classmethod
+    def _known_figures(cls, gates: list[Gate], info: ValidationInfo) -> list[Gate]:
+        groups = info.data.get("groups")
+        if groups is None:  # the groups did not validate: that error is reported instead
+            return gates
+        valid = figure_names(g.name for g in groups)
+        for gate in unknown_figures(gates, valid):
+            close = difflib.get_close_matches(gate.figure, valid, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise PydanticCustomError(
+                "unknown_figure",
+                "gate {quoted_gate}: unknown figure {figure}{hint}; valid figures: {valid}",
+                {
+                    "gate": gate.text,
+                    "quoted_gate": repr(gate.text),
+                    "figure": repr(gate.figure),
+                    "hint": hint,
+                    "valid": ", ".join(valid),
+                    "gate_index": gates.index(gate),
+                },
+            )
+        return gates
+
+    netem: NetemConfig = NetemConfig()
+    server_net: ServerNetConfig | None = None
+
+    @model_validator(mode="after")
+    def _known_network_profiles(self) -> Scenario:
+        from netem._links import check_profiles
+
+        groups = {g.name: g.network_profile for g in self.groups}
+        problems = check_profiles(groups, self.netem.profiles)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def needs_topology(self) -> bool:
+        """Whether the run builds namespaces and links: a group names a network profile,
+        ``[server_net]`` is set, or ``[netem] isolate`` asks for it."""
+        shaped = any(g.network_profile != "none" for g in self.groups)
+        return shaped or self.server_net is not None or self.netem.isolate
 
     @model_validator(mode="after")
     def _groups_start_in_time(self) -> Scenario:
@@ -187,6 +316,15 @@ def _find_line(lines: list[str], loc: tuple[int | str, ...]) -> int | None:
     return line_no
 
 
+def _find_text(lines: list[str], start: int, text: str) -> int | None:
+    """The first line (1-based) from line ``start`` on that holds the TOML string ``text``."""
+    quoted = [f'"{text}"', f"'{text}'", text]
+    for i in range(start - 1, len(lines)):
+        if any(q in lines[i] for q in quoted):
+            return i + 1
+    return None
+
+
 def _format_errors(path: Path, text: str, error: ValidationError) -> str:
     lines = text.splitlines()
     out = []
@@ -197,13 +335,20 @@ def _format_errors(path: Path, text: str, error: ValidationError) -> str:
             for i, p in enumerate(raw)
             if not (i > 0 and raw[i - 1] in _UNIONS and p in _UNION_TAGS)
         )
+        ctx = err.get("ctx") or {}
+        if "gate_index" in ctx:  # a gate's error raised for the whole list: point at the gate
+            loc = (*loc, ctx["gate_index"])
+            err["input"] = ctx["gate"]
         field = ".".join(str(p) for p in loc) or "(top level)"
         # A missing field is not in the text: point at the table that lacks it.
         line = _find_line(lines, loc[:-1] if err["type"] == "missing" else loc)
+        if loc and isinstance(loc[-1], int) and isinstance(err.get("input"), str) and line:
+            # An item of an inline array: the line that holds its text.
+            line = _find_text(lines, line, err["input"]) or line
         where = f"{path}:{line}" if line else str(path)
         got = ""
         if (
-            err["type"] not in ("missing",)
+            err["type"] not in ("missing", "gate_syntax", "unknown_figure")
             and "input" in err
             and not isinstance(err["input"], dict | list)
         ):
@@ -232,8 +377,23 @@ _UNION_TAGS = {
 }
 
 
-def parse_scenario(text: str, *, path: Path) -> Scenario:
-    """Validate the TOML ``text`` of the scenario file ``path``.
+def _merge(data: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` with ``overrides`` merged in: tables merge key by key, other values replace."""
+    out = dict(data)
+    for key, value in overrides.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def parse_scenario(
+    text: str, *, path: Path, overrides: Mapping[str, Any] | None = None
+) -> Scenario:
+    """Validate the TOML ``text`` of the scenario file ``path``, with ``overrides`` (nested
+    tables as dicts, e.g. ``{"target": {"engine": {"kv_release": "on_finish"}}}``) merged in
+    first.
 
     Raises :class:`ScenarioError` naming file, line and field for TOML syntax errors and for
     every validation problem.
@@ -242,14 +402,16 @@ def parse_scenario(text: str, *, path: Path) -> Scenario:
         data: dict[str, Any] = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"{path}: not valid TOML: {exc}") from None
+    if overrides:
+        data = _merge(data, overrides)
     try:
         return Scenario.model_validate(data)
     except ValidationError as exc:
         raise ScenarioError(_format_errors(path, text, exc)) from None
 
 
-def load_scenario(path: str | Path) -> Scenario:
-    """Read and validate a scenario file.
+def load_scenario(path: str | Path, *, overrides: Mapping[str, Any] | None = None) -> Scenario:
+    """Read and validate a scenario file (``overrides``: see :func:`parse_scenario`).
 
     Raises :class:`ScenarioError` (see :func:`parse_scenario`), also when the file cannot be read.
     """
@@ -262,4 +424,4 @@ def load_scenario(path: str | Path) -> Scenario:
         raise ScenarioError(
             f"{path}: not a UTF-8 text file (byte {exc.start}: {exc.reason})"
         ) from None
-    return parse_scenario(text, path=path)
+    return parse_scenario(text, path=path, overrides=overrides)

@@ -35,6 +35,9 @@ class GroupSummary(BaseModel):
     output_tokens: int
     output_tokens_per_s: float | None
     server_send_q_peak_bytes: int | None
+    # The kernel's time-limited-by-the-client's-receive-window per request (tcpi_rwnd_limited).
+    server_rwnd_limited_p50_ms: float | None = None
+    server_rwnd_limited_max_ms: float | None = None
 
 
 class ServerSummary(BaseModel):
@@ -65,6 +68,9 @@ class RunSummary(BaseModel):
     server: ServerSummary
     verdicts: dict[str, Any]
     client_saturation: SaturationSummary
+    # With [netem] capture: per flow that saw a zero window, who advertised it, the time from
+    # the first zero window to the RST and who sent it (netem._wire.stalled_flows).
+    stalled_flows: list[dict[str, Any]] | None = None
 
 
 def _ms(values: list[float], q: float) -> float | None:
@@ -92,6 +98,11 @@ def summarize_group(name: str, requests: pd.DataFrame, chunks: pd.DataFrame) -> 
         span = float(req["t_last_byte"].max() - req["t_send"].min())
     peak_q = req["server_send_q_peak_bytes"].max() if len(req) else None
     user_class = str(req["user_class"].iloc[0]) if len(req) else None
+    rwnd = (
+        req["server_rwnd_limited_ms"].dropna()
+        if "server_rwnd_limited_ms" in req
+        else pd.Series(dtype=float)
+    )
     return GroupSummary(
         group=name,
         user_class=user_class,
@@ -109,6 +120,8 @@ def summarize_group(name: str, requests: pd.DataFrame, chunks: pd.DataFrame) -> 
         output_tokens=tokens,
         output_tokens_per_s=tokens / span if span else None,
         server_send_q_peak_bytes=None if (q := _maybe(peak_q)) is None else int(q),
+        server_rwnd_limited_p50_ms=percentile(rwnd, 50),
+        server_rwnd_limited_max_ms=_maybe(rwnd.max()) if len(rwnd) else None,
     )
 
 

@@ -21,8 +21,18 @@ REQUEST_COLUMNS = [
     "t_send", "t_send_wall", "t_first_byte", "t_first_token", "t_last_byte", "t_end",
     "ttft_ms", "e2e_ms", "tpot_ms", "max_tokens", "prompt_tokens_requested", "prompt_tokens",
     "completion_tokens", "bytes_received", "n_chunks", "stall_s",
-    "server_send_q_peak_bytes",
+    "server_send_q_peak_bytes", "server_rwnd_limited_ms", "server_sndbuf_limited_ms",
+    "server_retransmits",
 ]  # fmt: skip
+# Per-request figures from the server's socket samples: column -> (sockets column, aggregate).
+SERVER_SOCKET_FIGURES = {
+    "server_send_q_peak_bytes": "send_q_bytes",
+    "server_rwnd_limited_ms": "rwnd_limited_ms",
+    "server_sndbuf_limited_ms": "sndbuf_limited_ms",
+    "server_retransmits": "retransmits",
+}
+# Socket samples this long before a request's send or after its end still count as its own.
+_JOIN_SLACK_S = 1.0
 CHUNK_COLUMNS = ["request_id", "group", "index", "t", "tokens", "bytes", "gap_ms"]
 
 
@@ -51,8 +61,12 @@ def _stall_s(record: RequestRecord) -> float:
 
 def requests_frame(records: list[RequestRecord], sockets: pd.DataFrame) -> pd.DataFrame:
     """One row per request (columns :data:`REQUEST_COLUMNS`; times in monotonic s, latencies
-    in ms). ``server_send_q_peak_bytes`` is the largest Send-Q the server's socket for that
-    client address and port showed, or NaN when no sample matched."""
+    in ms). The ``server_*`` columns come from the server's socket samples (``sockets``, the
+    client-facing port's rows) of the same client address and port taken between the
+    request's send and its end (1 s slack each side, so a reused port is not mixed up):
+    the peak Send-Q, and the largest ``rwnd_limited_ms``, ``sndbuf_limited_ms`` and
+    ``retransmits`` (the kernel's per-connection totals; a connection carries one request).
+    NaN when no sample matched."""
     rows: list[dict[str, Any]] = []
     for r in records:
         token_times = [c.t for c in r.chunks if c.tokens > 0]
@@ -72,19 +86,36 @@ def requests_frame(records: list[RequestRecord], sockets: pd.DataFrame) -> pd.Da
         )
         rows.append(row)
     frame = pd.DataFrame(
-        rows, columns=[c for c in REQUEST_COLUMNS if c != "server_send_q_peak_bytes"]
+        rows, columns=[c for c in REQUEST_COLUMNS if c not in SERVER_SOCKET_FIGURES]
     )
-    if len(sockets) and len(frame):
-        peaks = (
-            sockets.groupby(["client_addr", "client_port"])["send_q_bytes"]
-            .max()
-            .rename("server_send_q_peak_bytes")
-            .reset_index()
-        )
-        frame = frame.merge(peaks, on=["client_addr", "client_port"], how="left")
-    else:
-        frame["server_send_q_peak_bytes"] = float("nan")
+    figures = _server_socket_figures(frame, sockets)
+    frame = frame.merge(figures, on="request_id", how="left")
     return frame[REQUEST_COLUMNS]
+
+
+def _server_socket_figures(frame: pd.DataFrame, sockets: pd.DataFrame) -> pd.DataFrame:
+    """Per ``request_id``: the :data:`SERVER_SOCKET_FIGURES` of its connection's samples."""
+    columns = ["request_id", *SERVER_SOCKET_FIGURES]
+    have = [c for c in SERVER_SOCKET_FIGURES.values() if c in sockets]
+    if not len(sockets) or not len(frame) or not have:
+        return pd.DataFrame({c: pd.Series(dtype=float) for c in columns}).astype(
+            {"request_id": object}
+        )
+    reqs = frame[["request_id", "client_addr", "client_port", "t_send", "t_end"]].copy()
+    reqs["t_end"] = reqs["t_end"].fillna(float("inf"))
+    joined = reqs.merge(
+        sockets[["t", "client_addr", "client_port", *have]], on=["client_addr", "client_port"]
+    )
+    inside = joined[
+        (joined["t"] >= joined["t_send"] - _JOIN_SLACK_S)
+        & (joined["t"] <= joined["t_end"] + _JOIN_SLACK_S)
+    ]
+    out = inside.groupby("request_id")[have].max(numeric_only=True)
+    out = out.rename(columns={v: k for k, v in SERVER_SOCKET_FIGURES.items()}).reset_index()
+    for col in SERVER_SOCKET_FIGURES:
+        if col not in out:
+            out[col] = float("nan")
+    return out[columns]
 
 
 def chunks_frame(records: list[RequestRecord]) -> pd.DataFrame:

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 
-from harness._console import print_summary
+from harness._baseline import BaselineError, save_baseline
+from harness._console import print_gates, print_summary
+from harness._progress import RunProgress
 from harness._run import EXIT_SETUP, run_scenario
 from harness._scenario import ScenarioError, load_scenario
+from harness._step_summary import ENV as STEP_SUMMARY_ENV
+from harness._step_summary import append_setup_error, append_step_summary
 
 app = typer.Typer(
     help="Chaos and load testing for LLM streaming servers.",
@@ -20,6 +25,23 @@ model_app = typer.Typer(help="Models for tests and demos.", no_args_is_help=True
 app.add_typer(model_app, name="model")
 serve_app = typer.Typer(help="Servers the toolkit ships.", no_args_is_help=True)
 app.add_typer(serve_app, name="serve")
+netem_app = typer.Typer(
+    help="Network namespaces and shaped links (needs CAP_NET_ADMIN).", no_args_is_help=True
+)
+app.add_typer(netem_app, name="netem")
+baseline_app = typer.Typer(help="Baselines for relative gates.", no_args_is_help=True)
+app.add_typer(baseline_app, name="baseline")
+
+
+def _setup_error(scenario: Path, title: str, detail: str) -> NoReturn:
+    """Report an error that stops `run` before it starts (stderr and, under GitHub Actions,
+    the job summary) and exit 2."""
+    typer.echo(f"{title}\n{detail}", err=True)
+    try:
+        append_setup_error(scenario, title, detail)
+    except OSError as exc:
+        typer.echo(f"cannot append to ${STEP_SUMMARY_ENV}: {exc}", err=True)
+    raise typer.Exit(EXIT_SETUP)
 
 
 @app.command()
@@ -31,23 +53,150 @@ def run(
     out: Annotated[Path, typer.Option(help="folder that receives the run folders")] = Path(
         "results"
     ),
+    baseline: Annotated[
+        Path | None,
+        typer.Option(
+            help="baseline file for gates that refer to 'baseline' "
+            "(default: results/baselines/<scenario>.json)"
+        ),
+    ] = None,
+    no_baseline: Annotated[
+        bool,
+        typer.Option(
+            "--no-baseline",
+            help="load no baseline: gates that refer to 'baseline' are reported as skipped "
+            "(a scenario's first run, to save with `zerowindow baseline save`)",
+        ),
+    ] = False,
+    progress: Annotated[
+        bool, typer.Option(help="live progress (plain lines when stdout is not a terminal)")
+    ] = True,
 ) -> None:
-    """Run SCENARIO and write results/<scenario>/<UTC timestamp>/."""
+    """Run SCENARIO and write results/<scenario>/<UTC timestamp>/.
+
+    Exit code: 0 complete and every gate passed, 1 a gate failed or the run failed, 2 invalid
+    scenario or set-up error (missing baseline, target did not start), 130 interrupted.
+    Writes junit.xml into the run folder; appends a Markdown summary to $GITHUB_STEP_SUMMARY
+    when it is set."""
+    if baseline is not None and no_baseline:
+        _setup_error(
+            scenario, "invalid arguments", "--baseline and --no-baseline exclude each other"
+        )
     try:
         config = load_scenario(scenario)
     except ScenarioError as exc:
-        typer.echo(f"invalid scenario\n{exc}", err=True)
-        raise typer.Exit(EXIT_SETUP) from None
+        _setup_error(scenario, "invalid scenario", str(exc))
     try:
-        result = run_scenario(config, scenario_path=scenario, out_root=out, target_url=target_url)
+        result = run_scenario(
+            config,
+            scenario_path=scenario,
+            out_root=out,
+            target_url=target_url,
+            baseline=baseline,
+            use_baseline=not no_baseline,
+            progress=RunProgress() if progress else None,
+        )
     except ScenarioError as exc:
-        typer.echo(f"invalid argument\n{exc}", err=True)
+        _setup_error(scenario, "invalid argument", str(exc))
+    except BaselineError as exc:
+        _setup_error(scenario, "cannot load the baseline", str(exc))
+    except OSError as exc:
+        _setup_error(scenario, "cannot create the run folder", f"under {out}: {exc.strerror}")
+    print_summary(result.summary, run_dir=str(result.run_dir))
+    print_gates(result.gates, exit_code=result.exit_code)
+    try:
+        append_step_summary(
+            result.summary, result.gates, run_dir=result.run_dir, exit_code=result.exit_code
+        )
+    except OSError as exc:
+        typer.echo(f"cannot append to ${STEP_SUMMARY_ENV}: {exc}", err=True)
+    if (report_path := result.run_dir / "report.html").exists():
+        typer.echo(f"report: {report_path}")
+    raise typer.Exit(result.exit_code)
+
+
+@baseline_app.command("save")
+def baseline_save(
+    run_dir: Annotated[Path, typer.Argument(help="run folder (results/<scenario>/<stamp>)")],
+    to: Annotated[
+        Path | None,
+        typer.Option(help="file to write (default: results/baselines/<scenario>.json)"),
+    ] = None,
+    allow_incomplete: Annotated[
+        bool,
+        typer.Option("--allow-incomplete", help="save even if the run failed or was interrupted"),
+    ] = False,
+) -> None:
+    """Save the figures of RUN_DIR as the baseline of its scenario."""
+    try:
+        path = save_baseline(run_dir, to, allow_incomplete=allow_incomplete)
+    except BaselineError as exc:
+        typer.echo(f"cannot save the baseline\n{exc}", err=True)
+        raise typer.Exit(EXIT_SETUP) from None
+    typer.echo(f"baseline written to {path}")
+
+
+@app.command()
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="run folder (results/<scenario>/<stamp>)")],
+    out: Annotated[
+        Path | None, typer.Option(help="where to write (default RUN_DIR/report.html)")
+    ] = None,
+) -> None:
+    """Write RUN_DIR/report.html: one self-contained page with timelines, CDFs and verdicts."""
+    from harness._report import ReportError, write_report
+
+    try:
+        path = write_report(run_dir, out)
+    except ReportError as exc:
+        typer.echo(f"cannot write the report\n{exc}", err=True)
         raise typer.Exit(EXIT_SETUP) from None
     except OSError as exc:
-        typer.echo(f"cannot create the run folder under {out}: {exc.strerror}", err=True)
+        typer.echo(f"cannot write the report to {exc.filename}: {exc.strerror}", err=True)
         raise typer.Exit(EXIT_SETUP) from None
-    print_summary(result.summary, run_dir=str(result.run_dir))
-    raise typer.Exit(result.exit_code)
+    typer.echo(f"report written to {path}")
+
+
+@app.command()
+def compare(
+    run_dirs: Annotated[list[Path], typer.Argument(help="two or more run folders")],
+    fmt: Annotated[
+        str, typer.Option("--format", help="table (terminal), markdown, csv or json")
+    ] = "table",
+    html: Annotated[
+        Path | None, typer.Option(help="also write an HTML comparison with overlaid CDFs")
+    ] = None,
+    only: Annotated[
+        list[str] | None, typer.Option(help="figures matching this pattern, e.g. 'fast.ttft_*'")
+    ] = None,
+) -> None:
+    """Print the runs' figures side by side, with ratios against the first run."""
+    from rich.console import Console
+
+    from harness._compare import FORMATS, compare_runs, html_page, render, rich_table
+    from harness._report import ReportError
+
+    if len(run_dirs) < 2 or fmt not in FORMATS:
+        typer.echo(
+            "compare needs two or more run folders and --format " + "|".join(FORMATS), err=True
+        )
+        raise typer.Exit(EXIT_SETUP)
+    try:
+        comparison = compare_runs(run_dirs, only or ())
+        if html is not None:
+            html.write_text(html_page(comparison), encoding="utf-8")
+    except (ReportError, ValueError) as exc:
+        typer.echo(f"cannot compare\n{exc}", err=True)
+        raise typer.Exit(EXIT_SETUP) from None
+    except OSError as exc:
+        typer.echo(f"cannot write {exc.filename}: {exc.strerror}", err=True)
+        raise typer.Exit(EXIT_SETUP) from None
+    if fmt == "table":
+        Console(width=None if sys.stdout.isatty() else 200).print(rich_table(comparison))
+    else:
+        typer.echo(render(comparison, fmt), nl=False)
+    if html is not None:
+        typer.echo(f"HTML comparison written to {html}", err=fmt != "table")
 
 
 @model_app.command("tiny")
@@ -90,6 +239,112 @@ def serve_egress(ctx: typer.Context) -> None:
     from harness._egress import main as egress_main
 
     raise typer.Exit(egress_main(ctx.args))
+
+
+NetnsOption = Annotated[
+    str | None, typer.Option("--netns", help="network namespace (default: the host's)")
+]
+
+
+@netem_app.command("clean")
+def netem_clean(
+    results: Annotated[Path, typer.Option(help="folder whose run state files to use")] = Path(
+        "results"
+    ),
+    run_id: Annotated[str | None, typer.Option(help="only this run's resources")] = None,
+    force: Annotated[bool, typer.Option(help="also runs whose process still runs")] = False,
+) -> None:
+    """Remove what killed runs left: zw- namespaces, links, qdiscs, nftables tables, delay
+    lines and processes (from the runs' state files and by the zw- prefix)."""
+    from netem._clean import clean
+    from netem._netns import NetemError
+
+    try:
+        report = clean(results=results, run_id=run_id, force=force)
+    except NetemError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(EXIT_SETUP) from None
+    for item in report.removed:
+        typer.echo(f"removed {item}")
+    for rid in report.skipped_live_runs:
+        typer.echo(f"left alone: run {rid} is still running (--force to clean it)")
+    if not report.removed:
+        typer.echo("nothing to clean")
+
+
+@netem_app.command("show")
+def netem_show(
+    netns: NetnsOption = None,
+    ifname: Annotated[str | None, typer.Option(help="one interface")] = None,
+) -> None:
+    """The toolkit's namespaces and interfaces, the shaping on each, and running runs."""
+    from netem._manual import overview
+    from netem._show import show
+
+    if ifname is not None:
+        typer.echo(repr(show(netns, ifname)))
+        return
+    view = overview()
+    for run in view["runs"]:
+        state = "running" if run["alive"] else "dead (zerowindow netem clean)"
+        typer.echo(f"run {run['run_id']}: {state}, {run['resources']} resources, {run['run_dir']}")
+    for ns, links in view["namespaces"].items():
+        typer.echo(f"{ns or '(host)'}")
+        for name, st in links.items():
+            qd = ", ".join(f"{q.kind} {q.parent}" for q in st.qdiscs) or "no qdisc"
+            lines = f"; delay lines {[p for p, _ in st.delay_lines]}" if st.delay_lines else ""
+            typer.echo(f"  {name}: {'shaped' if st.shaped else 'not shaped'} ({qd}){lines}")
+
+
+@netem_app.command("apply")
+def netem_apply(
+    profile: Annotated[str, typer.Argument(help="preset name (lte, 3g, edge, ...)")],
+    ifname: Annotated[str, typer.Option(help="a zw- interface (the client-side end)")],
+    netns: NetnsOption = None,
+    backend: Annotated[str, typer.Option(help="auto, netem or fallback")] = "auto",
+) -> None:
+    """Shape IFNAME with PROFILE until Ctrl-C (up on its egress, down on its ingress)."""
+    from netem._manual import apply_and_hold
+    from netem._netns import NetemError
+    from netem._profiles import UnknownPreset, preset
+
+    try:
+        link = preset(profile)
+        errors = apply_and_hold(
+            link,
+            netns=netns,
+            ifname=ifname,
+            backend=backend,
+            on_applied=lambda a: typer.echo(
+                f"{link.name} on {ifname}: backend {a.backend} ({a.reason}); Ctrl-C to remove"
+            ),
+        )
+    except (NetemError, UnknownPreset) as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(EXIT_SETUP) from None
+    for err in errors:
+        typer.echo(f"release: {err}", err=True)
+    typer.echo("shaping removed")
+
+
+@netem_app.command("clear")
+def netem_clear(
+    ifname: Annotated[str, typer.Option(help="a zw- interface")],
+    netns: NetnsOption = None,
+) -> None:
+    """Remove the toolkit's shaping from IFNAME (e.g. after a killed `netem apply`)."""
+    from netem._manual import clear_shaping
+    from netem._netns import NetemError
+
+    try:
+        removed = clear_shaping(netns=netns, ifname=ifname)
+    except NetemError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(EXIT_SETUP) from None
+    for item in removed:
+        typer.echo(f"removed {item}")
+    if not removed:
+        typer.echo("no shaping found")
 
 
 def main() -> None:

@@ -1,0 +1,129 @@
+"""pytest plugin: run zerowindow scenarios from your own tests.
+
+Installed with the toolkit (entry point ``pytest11``, name ``zerowindow``), it adds the fixture
+``zerowindow_run``, a function that runs one scenario and returns its
+:class:`~harness._run.RunResult`: ``run_dir``, the typed ``summary``
+(:class:`~harness._summary.RunSummary`), ``figures`` (the same names gates use), ``gates``
+(each a :class:`~harness._gates.GateResult`) and ``exit_code`` (as ``zerowindow run``'s)::
+
+    def test_fast_readers_keep_their_ttft(zerowindow_run):
+        result = zerowindow_run(
+            "scenarios/sim-coupled.toml",
+            overrides={"target": {"engine": {"num_blocks": 128}}},
+        )
+        assert result.summary.status == "complete", result.summary.failure
+        assert result.figures["fast.ttft_p99_ms"] < 500
+
+    def test_scenario_gates(zerowindow_run):
+        zerowindow_run("scenarios/my-slo.toml", check=True)   # fails the test on a failed gate
+
+``zerowindow_run(scenario, *, overrides=None, out=None, target_url=None, baseline=None,
+check=False)``:
+
+- ``scenario``: a scenario file (a relative path is taken from pytest's rootdir) or a
+  :class:`~harness._scenario.Scenario`;
+- ``overrides``: values merged into the file's tables before validation;
+- ``out``: the folder that receives the run folder (default ``--zerowindow-out``, else the
+  test's ``tmp_path``);
+- ``target_url``: attach to a running server (default ``--zerowindow-target-url``);
+- ``baseline``: baseline file for relative gates (default
+  ``<rootdir>/results/baselines/<scenario>.json``);
+- ``check``: fail the test, listing the failed gates, when the exit code is not 0.
+
+An invalid scenario raises :class:`~harness._scenario.ScenarioError` and a missing baseline
+:class:`~harness._baseline.BaselineError`, both before anything starts. Each run's folder is
+added to the test's ``user_properties`` (``zerowindow_run_dir``), so pytest's own
+``--junitxml`` report names it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:  # the harness is imported when a test uses the fixture, not at pytest start
+    from harness._run import RunResult
+    from harness._scenario import Scenario
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("zerowindow", "zerowindow scenario runs")
+    group.addoption(
+        "--zerowindow-out",
+        default=None,
+        metavar="DIR",
+        help="folder that receives the run folders of zerowindow_run (default: tmp_path)",
+    )
+    group.addoption(
+        "--zerowindow-target-url",
+        default=None,
+        metavar="URL",
+        help="run every scenario against this running server instead of its own target",
+    )
+
+
+class ScenarioRunner:
+    """The callable the ``zerowindow_run`` fixture returns (see the module docstring)."""
+
+    def __init__(self, request: pytest.FixtureRequest, default_out: Path) -> None:
+        self._request = request
+        self._root = request.config.rootpath
+        out = request.config.getoption("zerowindow_out")
+        self._out = Path(out) if out else default_out
+        self._target_url: str | None = request.config.getoption("zerowindow_target_url")
+        self.results: list[RunResult] = []
+
+    def __call__(
+        self,
+        scenario: str | Path | Scenario,
+        *,
+        overrides: Mapping[str, Any] | None = None,
+        out: Path | None = None,
+        target_url: str | None = None,
+        baseline: Path | None = None,
+        check: bool = False,
+    ) -> RunResult:
+        from harness._baseline import baseline_path
+        from harness._run import run_scenario
+        from harness._scenario import Scenario, load_scenario
+
+        path: Path | None = None
+        if isinstance(scenario, Scenario):
+            if overrides:
+                raise TypeError("overrides apply to scenario files; use Scenario.model_copy")
+            config = scenario
+        else:
+            path = Path(scenario)
+            path = path if path.is_absolute() else self._root / path
+            config = load_scenario(path, overrides=overrides)
+        result = run_scenario(
+            config,
+            scenario_path=path,
+            out_root=out or self._out,
+            target_url=target_url or self._target_url,
+            baseline=baseline or self._root / baseline_path(config.name),
+        )
+        self.results.append(result)
+        self._request.node.user_properties.append(("zerowindow_run_dir", str(result.run_dir)))
+        if check and result.exit_code != 0:
+            pytest.fail(failure_report(result), pytrace=False)
+        return result
+
+
+def failure_report(result: RunResult) -> str:
+    """Why a run did not pass, one line per problem: the run's failure and each failed gate."""
+    lines = [f"zerowindow run {result.run_dir} exited {result.exit_code}"]
+    if result.summary.failure:
+        lines.append(f"  run {result.summary.status}: {result.summary.failure}")
+    lines += [f"  gate {g.gate!r} failed: {g.reason}" for g in result.gates if not g.passed]
+    return "\n".join(lines)
+
+
+@pytest.fixture
+def zerowindow_run(request: pytest.FixtureRequest, tmp_path: Path) -> ScenarioRunner:
+    """Run a zerowindow scenario and return its :class:`~harness._run.RunResult` (see
+    :mod:`harness.pytest_plugin`)."""
+    return ScenarioRunner(request, tmp_path / "zerowindow")

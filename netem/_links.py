@@ -1,0 +1,59 @@
+"""Network profiles of a scenario's groups: names resolved to link profiles.
+
+A group's ``network_profile`` is ``"none"`` (an unshaped link of its own when the run builds a
+topology), the name of a built-in preset (:data:`netem._profiles.PRESETS`) or the name of a
+profile the scenario defines in ``[netem.profiles.<name>]`` (a table of
+:class:`~netem._profiles.LinkProfile` fields, or ``preset = "3g"`` plus overrides, see
+:func:`netem._profiles.resolve_profile`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from netem._profiles import PRESETS, LinkProfile, UnknownPreset
+from netem._profiles import resolve_profile as _resolve
+
+NONE = "none"
+
+
+def _errors(exc: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or '(table)'}: {e['msg']}" for e in exc.errors()
+    )
+
+
+def check_profiles(groups: dict[str, str], custom: dict[str, dict[str, Any]]) -> list[str]:
+    """Problems with the groups' profile names (``{group: profile name}``) and the
+    scenario's own profiles, one message each; empty when all is well."""
+    problems = []
+    for name, fields in custom.items():
+        if name == NONE or name in PRESETS:
+            problems.append(f"netem.profiles.{name}: the name of a built-in profile")
+            continue
+        try:
+            _resolve(fields)
+        except UnknownPreset as exc:
+            problems.append(f"netem.profiles.{name}: {exc}")
+        except ValidationError as exc:
+            problems.append(f"netem.profiles.{name}: {_errors(exc)}")
+    for group, name in groups.items():
+        if name != NONE and name not in PRESETS and name not in custom:
+            valid = ", ".join(sorted([NONE, *PRESETS, *custom]))
+            problems.append(f"group {group}: unknown network_profile {name!r}; valid: {valid}")
+    return problems
+
+
+def resolve_profile(name: str, custom: dict[str, dict[str, Any]]) -> LinkProfile | None:
+    """The link profile called ``name`` (``None`` for ``"none"``). Raises ``KeyError`` for an
+    unknown name, pydantic's ``ValidationError`` for a bad custom profile."""
+    if name == NONE:
+        return None
+    if name in custom:
+        profile = _resolve(custom[name])
+        return profile if profile.name else profile.model_copy(update={"name": name})
+    if name not in PRESETS:
+        raise KeyError(name)
+    return PRESETS[name]
