@@ -362,6 +362,8 @@ _UNIONS = {"target", "proxy", "read", "action"}
 _UNION_TAGS = {
     "none",
     "nginx",
+    "haproxy",
+    "envoy",
     "egress",
     "vllm",
     "sim",
