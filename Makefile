@@ -23,7 +23,7 @@ $(MODEL)/config.json: $(STAMP)
 
 # Debian packages the tests drive for real: one "command:package" pair each. A missing command
 # is installed when running as root; otherwise its tests are skipped with the reason.
-DEBS := nginx:nginx chromium:chromium ip:iproute2 nft:nftables iptables:iptables tcpdump:tcpdump
+DEBS := nginx:nginx haproxy:haproxy chromium:chromium ip:iproute2 nft:nftables iptables:iptables tcpdump:tcpdump
 # Debian libraries a Python package builds against (no command to look for): "header:package".
 DEB_LIBS := /usr/include/libnetfilter_queue/libnetfilter_queue.h:libnetfilter-queue-dev
 

@@ -1,28 +1,35 @@
 """Proxies: what stands between the clients and the target, looked up by scenario ``kind``.
 
 ``none`` sends clients straight to the target. ``egress`` starts the toolkit's own decoupled
-egress buffer (``harness._egress``) in front of it. ``nginx`` renders a configuration file into the
-run folder from typed options, starts Debian's nginx on it as a process group of the run, and
-stops it with the run. The directives and their meaning are nginx's own
+egress buffer (``harness._egress``) in front of it. ``nginx``, ``haproxy``
+(``harness._proxy_haproxy``) and ``envoy`` (``harness._proxy_envoy``) render a configuration file
+into the run folder from typed options, start the program on it as a process group of the run,
+and stop it with the run. nginx's directives and their meaning are nginx's own
 (https://nginx.org/en/docs/http/ngx_http_proxy_module.html, ngx_http_core_module.html).
+
+A new kind is a config model (with a ``kind`` literal) added to ``ProxyConfig`` and a class
+with ``kind``, ``start``, ``failure``, ``stop`` and ``describe`` registered with
+:func:`register_proxy`.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Protocol
+from typing import Annotated, Any, ClassVar, Literal, Protocol, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field, model_validator
 
 from harness._health import TargetError, free_port
 from harness._process import ServerProcess
+from harness._proxy_envoy import EnvoyProxy, EnvoyProxyConfig
+from harness._proxy_haproxy import HaproxyProxy, HaproxyProxyConfig
+from harness._proxy_process import ConfiguredProxy, StrictOptions
+from harness._proxy_process import duration_ms as _ms
 
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+_Strict = StrictOptions
 
 
 class NoProxyConfig(_Strict):
@@ -41,12 +48,22 @@ class NginxProxyConfig(_Strict):
     to the client may make no progress before nginx closes the connection;
     ``reset_timedout_connection`` turns that close into a RST. ``read_timeout_s``:
     ``proxy_read_timeout`` between two upstream reads. ``ignore_client_abort``: keep reading
-    upstream after the client went away. ``client_sndbuf_bytes``: the ``sndbuf=`` parameter of
-    ``listen`` (``SO_SNDBUF`` of the sockets toward clients; None: kernel autotuning, which can
-    absorb a whole response so that ``send_timeout`` never starts).
+    upstream after the client went away. ``client_header_timeout_s`` and
+    ``large_header_buffer_kb`` (``large_client_header_buffers 4 <n>k``: the longest request
+    line or header field nginx accepts) bound slow and oversized request heads; their defaults
+    are nginx's. ``client_sndbuf_bytes`` sets the kernel send buffer of client connections
+    (``listen ... sndbuf=``; None: the kernel's autotuning, which on loopback lets Send-Q grow to
+    ``tcp_wmem``'s maximum, ~4 MB, before a write to a stalled reader blocks and
+    ``send_timeout`` starts counting).
+
+    ``preset`` fills the options it names unless the scenario sets them itself:
+    ``sse-advice`` is the common advice for server-sent events (``proxy_buffering off``);
+    ``buffered-reset`` is the decoupled buffer with a write-stall cut (buffering on,
+    ``send_timeout 3s``, ``reset_timedout_connection on``). See :data:`NGINX_PRESETS`.
     """
 
     kind: Literal["nginx"]
+    preset: Literal["sse-advice", "buffered-reset"] | None = None
     buffering: bool = True
     buffer_size_kb: int = Field(16, ge=1)
     buffers_count: int = Field(8, ge=2)
@@ -55,11 +72,27 @@ class NginxProxyConfig(_Strict):
     read_timeout_s: float = Field(600.0, gt=0)
     reset_timedout_connection: bool = False
     ignore_client_abort: bool = False
+    client_header_timeout_s: float = Field(60.0, gt=0)
+    large_header_buffer_kb: int = Field(8, ge=1)
     client_sndbuf_bytes: int | None = Field(None, ge=1024)
     listen_host: str = "127.0.0.1"
     listen_port: int = Field(0, ge=0, le=65535, description="0 picks a free port")
     binary: str = "nginx"
     startup_timeout_s: float = Field(15.0, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("preset") in NGINX_PRESETS:
+            return {**NGINX_PRESETS[data["preset"]], **data}
+        return data
+
+
+NGINX_PRESETS: dict[str, dict[str, Any]] = {
+    "sse-advice": {"buffering": False},
+    "buffered-reset": {"buffering": True, "send_timeout_s": 3.0, "reset_timedout_connection": True},
+}
+"""Option values of each nginx ``preset``; options a scenario sets override them."""
 
 
 class EgressProxyConfig(_Strict):
@@ -79,8 +112,12 @@ class EgressProxyConfig(_Strict):
 
 
 ProxyConfig = Annotated[
-    NoProxyConfig | NginxProxyConfig | EgressProxyConfig, Field(discriminator="kind")
+    NoProxyConfig | NginxProxyConfig | HaproxyProxyConfig | EnvoyProxyConfig | EgressProxyConfig,
+    Field(discriminator="kind"),
 ]
+AnyProxyConfig = (
+    NoProxyConfig | NginxProxyConfig | HaproxyProxyConfig | EnvoyProxyConfig | EgressProxyConfig
+)
 
 
 class Proxy(Protocol):
@@ -121,10 +158,6 @@ class NoProxy:
         return {"kind": self.kind}
 
 
-def _ms(seconds: float) -> str:
-    return f"{max(1, round(seconds * 1000))}ms"
-
-
 def render_nginx_conf(config: NginxProxyConfig, *, prefix: Path, port: int, upstream: str) -> str:
     """The whole ``nginx.conf`` for ``config``: every path (pid, logs, temporary files) lies
     under ``prefix``, it listens on ``config.listen_host:port`` and proxies to ``upstream``
@@ -149,6 +182,8 @@ http {{
     server {{
         listen {config.listen_host}:{port}{sndbuf};
         send_timeout {_ms(config.send_timeout_s)};
+        client_header_timeout {_ms(config.client_header_timeout_s)};
+        large_client_header_buffers 4 {config.large_header_buffer_kb}k;
         reset_timedout_connection {on[config.reset_timedout_connection]};
         location / {{
             proxy_pass http://target;
@@ -167,58 +202,23 @@ http {{
 """
 
 
-class NginxProxy:
-    """nginx started for the run; its configuration and logs are in ``<run>/nginx/``."""
+class NginxProxy(ConfiguredProxy):
+    """nginx started for the run (``daemon off``); its configuration and logs are in
+    ``<run>/nginx/``."""
 
-    kind: ClassVar[str] = "nginx"
+    kind = "nginx"
+    label = "nginx"
+    binary_hint = "on Debian: apt-get install nginx"
+    conf_name = "nginx.conf"
 
-    def __init__(self, config: NginxProxyConfig) -> None:
-        self.config = config
-        self.port = config.listen_port or free_port(config.listen_host)
-        self.server = ServerProcess("nginx")
-        self.argv: list[str] = []
-
-    def start(self, run_dir: Path, upstream_url: str) -> str:
-        binary = shutil.which(self.config.binary)
-        if binary is None:
-            raise TargetError(
-                f"nginx not found ({self.config.binary!r} is not on PATH; "
-                "on Debian: apt-get install nginx)"
-            )
-        prefix = (run_dir / "nginx").resolve()
-        prefix.mkdir(parents=True, exist_ok=True)
-        upstream = upstream_url.split("://", 1)[1].rstrip("/")
-        conf = prefix / "nginx.conf"
-        conf.write_text(
-            render_nginx_conf(self.config, prefix=prefix, port=self.port, upstream=upstream)
+    def render(self, folder: Path, upstream_host: str, upstream_port: int) -> str:
+        host = f"[{upstream_host}]" if ":" in upstream_host else upstream_host
+        return render_nginx_conf(
+            self.config, prefix=folder, port=self.port, upstream=f"{host}:{upstream_port}"
         )
-        self.argv = [binary, "-c", str(conf), "-p", str(prefix)]
-        url = f"http://{self.config.listen_host}:{self.port}"
-        try:
-            self.server.launch(
-                self.argv,
-                log_path=prefix / "stderr.log",
-                url=url,
-                timeout_s=self.config.startup_timeout_s,
-            )
-        except TargetError as exc:
-            log = (prefix / "error.log").read_text() if (prefix / "error.log").exists() else ""
-            raise TargetError(f"nginx: {exc}; {log.strip()[-300:]}") from None
-        return url
 
-    def failure(self) -> str | None:
-        return self.server.failure()
-
-    def stop(self) -> None:
-        self.server.stop(grace_s=5.0)
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "argv": self.argv,
-            "config": self.config.model_dump(mode="json"),
-            "listen": f"{self.config.listen_host}:{self.port}",
-        }
+    def build_argv(self, binary: str, conf: Path, folder: Path) -> list[str]:
+        return [binary, "-c", str(conf), "-p", str(folder)]
 
 
 class EgressProxy:
@@ -267,14 +267,30 @@ class EgressProxy:
         return {"kind": self.kind, "argv": self.argv, "config": self.config.model_dump(mode="json")}
 
 
-PROXIES: dict[str, Any] = {cls.kind: cls for cls in (NoProxy, NginxProxy, EgressProxy)}
+PROXIES: dict[str, Callable[[Any], Proxy]] = {}
+"""Proxy classes by scenario ``kind``; filled by :func:`register_proxy`."""
+
+_P = TypeVar("_P")
 
 
-def make_proxy(config: NoProxyConfig | NginxProxyConfig | EgressProxyConfig) -> Proxy:
+def register_proxy(cls: _P) -> _P:
+    """Register the proxy class ``cls`` under its ``kind``. Raises ``ValueError`` if the kind
+    is taken."""
+    kind: str = cls.kind  # type: ignore[attr-defined]
+    if kind in PROXIES:
+        raise ValueError(f"proxy kind {kind!r} is already registered")
+    PROXIES[kind] = cls  # type: ignore[assignment]
+    return cls
+
+
+for _cls in (NoProxy, NginxProxy, HaproxyProxy, EnvoyProxy, EgressProxy):
+    register_proxy(_cls)
+
+
+def make_proxy(config: AnyProxyConfig) -> Proxy:
     """Build the proxy for ``config``. Raises ``KeyError`` naming the valid kinds."""
     try:
-        cls = PROXIES[config.kind]
+        factory = PROXIES[config.kind]
     except KeyError:
         raise KeyError(f"unknown proxy kind {config.kind!r}; valid: {sorted(PROXIES)}") from None
-    proxy: Proxy = cls(config)
-    return proxy
+    return factory(config)

@@ -399,6 +399,8 @@ _UNIONS = {"target", "proxy", "read", "action"}
 _UNION_TAGS = {
     "none",
     "nginx",
+    "haproxy",
+    "envoy",
     "egress",
     "vllm",
     "sim",

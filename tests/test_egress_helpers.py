@@ -154,7 +154,9 @@ class _Handler(socketserver.BaseRequestHandler):
                 return
             head += data
         path = head.split(b" ", 2)[1]
-        if path == b"/ok":
+        if path == b"/health":  # what proxies that run as programs poll before they serve
+            sock.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+        elif path == b"/ok":
             sock.sendall(
                 SSE_HEAD + chunk(b"data: 1\n\n") + chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
             )
@@ -179,7 +181,8 @@ class _Server(socketserver.ThreadingTCPServer):
 
 @contextmanager
 def scripted_upstream() -> Iterator[str]:
-    """A misbehaving upstream on 127.0.0.1, port 0; yields its base URL. Paths: ``/ok``,
+    """A misbehaving upstream on 127.0.0.1, port 0; yields its base URL. Paths: ``/health``
+    (200, empty), ``/ok``,
     ``/die`` (FIN mid-body), ``/malformed`` (bad chunk size), ``/reset`` (RST mid-body),
     ``/nothing`` (closes without a response)."""
     server = _Server(("127.0.0.1", 0), _Handler)

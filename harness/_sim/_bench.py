@@ -77,6 +77,15 @@ class _Scraper:
 
     async def scrape(self) -> tuple[float, float]:
         """(``vllm:generation_tokens_total``, ``vllm:num_requests_running``)."""
+        try:
+            return await self._scrape()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            # the server closed the idle connection (uvicorn's keep-alive timeout is 5 s, the
+            # length of the default warm-up): open a new one, the load is connected by now
+            self._conn = None
+            return await self._scrape()
+
+    async def _scrape(self) -> tuple[float, float]:
         if self._conn is None:
             self._conn = await asyncio.open_connection("127.0.0.1", self.port)
         reader, writer = self._conn
