@@ -65,7 +65,10 @@ def parse_vllm_metrics(text: str) -> dict[str, float]:
     return out
 
 
-class _Sampler(threading.Thread):
+class Sampler(threading.Thread):
+    """A daemon thread that calls :meth:`sample` every ``interval_s`` seconds until
+    :meth:`stop`; subclasses implement ``sample``."""
+
     def __init__(self, interval_s: float, name: str) -> None:
         super().__init__(name=name, daemon=True)
         self.interval_s = interval_s
@@ -87,7 +90,7 @@ class _Sampler(threading.Thread):
             self.join(timeout=10)
 
 
-class MetricsScraper(_Sampler):
+class MetricsScraper(Sampler):
     """Scrapes ``{base_url}/metrics`` every ``interval_s`` seconds.
 
     ``rows`` holds one dict per scrape: ``t`` (monotonic s), ``scrape_ok`` and the figures of
@@ -135,7 +138,7 @@ SOCKET_COLUMNS = [
 ]  # fmt: skip
 
 
-class SocketSampler(_Sampler):
+class SocketSampler(Sampler):
     """Samples the server's TCP connections on ``ports`` (the target's and the proxy's
     listening ports) every ``interval_s`` seconds through ``inet_diag`` (:mod:`netem._diag`),
     inside network namespace ``netns`` (``None``: the harness's own).

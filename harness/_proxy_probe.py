@@ -22,7 +22,6 @@ its cuts and upstream aborts.
 from __future__ import annotations
 
 import os
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ import psutil
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
+from harness._collectors import Sampler
 from netem import tcp_sockets
 
 _EGRESS = "zerowindow_egress"
@@ -115,7 +115,7 @@ def parse_egress_metrics(text: str) -> dict[str, float]:
     return out
 
 
-class ProxyProbe(threading.Thread):
+class ProxyProbe(Sampler):
     """Samples a running proxy every ``interval_s`` (see the module docstring).
 
     ``pid``: the proxy's process (``None``: no process, only sockets are sampled);
@@ -136,15 +136,13 @@ class ProxyProbe(threading.Thread):
         temp_dir: Path | None = None,
         interval_s: float = 0.25,
     ) -> None:
-        super().__init__(name="zw-proxy-probe", daemon=True)
+        super().__init__(interval_s, "zw-proxy-probe")
         self.pid = pid
         self.client_port = client_port
         self.target_port = target_port
         self.metrics_url = metrics_url
         self.temp_dir = temp_dir
-        self.interval_s = interval_s
         self.rows: list[dict[str, Any]] = []
-        self._stop_event = threading.Event()
         self._client = httpx.Client(timeout=max(1.0, interval_s * 4))
 
     def sample(self) -> None:
@@ -172,18 +170,10 @@ class ProxyProbe(threading.Thread):
                 pass
         self.rows.append(row)
 
-    def run(self) -> None:
-        next_t = time.monotonic()
-        while not self._stop_event.is_set():
-            self.sample()
-            next_t += self.interval_s
-            self._stop_event.wait(max(0.0, next_t - time.monotonic()))
-
     def stop(self) -> None:
         """Stop sampling (takes one last sample first). Safe to call more than once."""
         if self.is_alive():
-            self._stop_event.set()
-            self.join(timeout=10)
+            super().stop()
             self.sample()
         self._client.close()
 
