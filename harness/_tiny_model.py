@@ -32,7 +32,7 @@ NUM_LAYERS = 2
 NUM_HEADS = 2
 NUM_KV_HEADS = 2
 HEAD_DIM = HIDDEN_SIZE // NUM_HEADS  # 64
-MAX_POSITIONS = 2048
+MAX_POSITIONS = 8192
 TARGET_VOCAB_SIZE = 2048
 NUM_SENTENCES = 4000
 DTYPE = torch.bfloat16
@@ -75,7 +75,7 @@ def make_tiny_model(out_dir: str | Path, *, seed: int = 0) -> Path:
     Files written into ``out_dir`` (created if missing; existing files are overwritten):
 
     - ``config.json``: ``LlamaForCausalLM``, hidden_size 128, 2 layers, 2 attention heads and
-      2 KV heads of head_dim 64, intermediate_size 256, max_position_embeddings 2048,
+      2 KV heads of head_dim 64, intermediate_size 256, max_position_embeddings 8192,
       vocab_size equal to the tokenizer's (about 1,150 to 1,200), bfloat16, untied embeddings.
     - ``model.safetensors``: bfloat16 weights drawn from N(0, 0.02²) with a torch generator
       seeded with ``seed`` (RMSNorm weights are 1), with shapes embed_tokens and lm_head

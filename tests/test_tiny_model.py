@@ -69,7 +69,7 @@ def test_config_has_head_dim_64(model_dir: Path) -> None:
     assert config.model_type == "llama"
     assert config.head_dim == 64
     assert config.hidden_size // config.num_attention_heads == 64
-    assert config.max_position_embeddings == 2048
+    assert config.max_position_embeddings == 8192
     weights = load_file(str(model_dir / "model.safetensors"))
     assert weights["lm_head.weight"].shape == (config.vocab_size, 128)
 
