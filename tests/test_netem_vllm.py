@@ -38,7 +38,9 @@ def test_shaped_links_on_vllm(tiny_model: Path, tmp_path: Path):
     requests = pd.read_parquet(result.run_dir / "requests.parquet")
     assert set(requests["outcome"]) == {"complete"}
     rwnd = requests.groupby("group")["server_rwnd_limited_ms"]
-    # Slow readers: their window was full for most of their ~45 s stream; fast ones: at most
-    # moments (a starved load process reads late now and then).
-    assert rwnd.min()["slow"] > 20_000
+    # Slow readers: their window was full for much of their ~45 s stream (16.7 to 41.8 s
+    # measured; less when their own load process is starved); fast ones: at most moments (a
+    # starved load process reads late now and then).
+    assert rwnd.min()["slow"] > 10_000
     assert rwnd.median()["fast"] < 1_000
+    assert rwnd.min()["slow"] > 10 * rwnd.median()["fast"]

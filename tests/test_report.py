@@ -100,9 +100,11 @@ def test_report_opens_in_chromium_with_plots_drawn(runs, tmp_path):
     for name, plot in plots.items():
         assert plot["width"] > 300 and plot["height"] > 200, (name, plot)
     timeline = plots["timeline"]
-    # events, KV, requests, preemptions/s, tokens/s, Send-Q: every row drew something.
-    assert len(timeline["subplots"]) == 6, timeline
+    # events, KV, requests, preemptions/s, tokens/s, Send-Q and the kernel's rwnd-limited time
+    # (inet_diag): every row drew something.
+    assert len(timeline["subplots"]) == 7, timeline
     assert "Send-Q (bytes), slowest connections" in timeline["titles"]
+    assert "rwnd_limited_ms, slowest connections" in timeline["titles"]
     events_row = timeline["subplots"]["xy"]
     assert events_row["points"] >= 4 + 4 + 2, events_row  # stalls, aborts, group starts
     for name, sp in timeline["subplots"].items():

