@@ -30,6 +30,7 @@ import httpx
 
 from harness._collectors import parse_vllm_metrics
 from harness._comparison import Comparison, compare, write_comparison
+from harness._gates import needs_baseline
 from harness._report import report_or_warning
 from harness._run import (
     EXIT_FAILED,
@@ -141,6 +142,11 @@ def run_comparison(
             "proxies = [...] runs on the host's loopback: network profiles, [server_net] and "
             "[netem] isolate are not supported in a comparison yet"
         )
+    if needs_baseline(scenario.gates):
+        raise ScenarioError(
+            "proxies = [...]: gates that refer to 'baseline' are not supported in a comparison "
+            "yet (each configuration is gated on its own figures); use absolute bounds"
+        )
     if target_url is not None:
         scenario = scenario.model_copy(update={"target": url_target(scenario, target_url)})
     run_dir = new_run_dir(out_root, scenario.name)
@@ -208,11 +214,12 @@ def _run_each(
         result.runs[named.name] = outcome
         if outcome.exit_code == EXIT_INTERRUPTED:
             raise RunInterrupted("signal")
-        # Each configuration is gated on its own figures; gates against a baseline file are
-        # skipped (a comparison has no baseline per configuration).
-        _check_gates(run, outcome, None, skip_relative=True)
+        # Each configuration is gated on its own figures (relative gates are refused up front).
+        _check_gates(run, outcome, None, skip_relative=False)
         if warning := report_or_warning(sub_dir):
             print(warning, file=sys.stderr)
         if outcome.exit_code != EXIT_OK:
             result.exit_code = EXIT_FAILED
-            result.failure = f"{named.name}: {outcome.summary.failure}"
+            failed_gates = [g.gate for g in outcome.gates if not g.passed]
+            reason = outcome.summary.failure or f"gates failed: {', '.join(failed_gates)}"
+            result.failure = f"{named.name}: {reason}"

@@ -257,7 +257,7 @@ class _Run:
                 if self.network is not None:
                     self.network.record_process(self.loads[-1].proc, f"locust {group.name}")
             else:
-                index = len(self.loads)
+                index = self.scenario.groups.index(group)  # port+i: i is the order in the file
                 self.loads.append(
                     start_distributed_load(group, **common, **self.distribution.for_group(index))
                 )
@@ -399,6 +399,8 @@ class _Run:
         if died and self.status == "complete":
             self.status, self.exit_code = "failed", EXIT_FAILED
             self.failure = "; ".join(died)
+        if self.status == "complete" and (reason := _all_requests_failed(requests)):
+            self.status, self.exit_code, self.failure = "failed", EXIT_FAILED, reason
         summary = RunSummary(
             scenario=self.scenario.name,
             status=self.status,
@@ -448,6 +450,16 @@ def url_target(scenario: Scenario, url: str) -> UrlTargetConfig:
     except ValidationError as exc:
         reason = exc.errors()[0]["msg"].removeprefix("Value error, ")
         raise ScenarioError(f"--target-url {url!r}: {reason}") from None
+
+
+def _all_requests_failed(requests: pd.DataFrame) -> str | None:
+    """Why the run measured nothing when every request got an HTTP error (a wrong model name,
+    a wrong URL), else ``None``."""
+    if not len(requests) or set(requests["outcome"]) != {"http_error"}:
+        return None
+    first = requests["error"].dropna()
+    detail = f": {str(first.iloc[0])[:300]}" if len(first) else ""
+    return f"every request ({len(requests)}) got an HTTP error{detail}"
 
 
 def _baseline_for(

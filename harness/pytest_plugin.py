@@ -81,9 +81,9 @@ class ScenarioRunner:
         scenario: str | Path | Scenario,
         *,
         overrides: Mapping[str, Any] | None = None,
-        out: Path | None = None,
+        out: str | Path | None = None,
         target_url: str | None = None,
-        baseline: Path | None = None,
+        baseline: str | Path | None = None,
         check: bool = False,
     ) -> RunResult:
         from harness._baseline import baseline_path
@@ -102,9 +102,9 @@ class ScenarioRunner:
         result = run_scenario(
             config,
             scenario_path=path,
-            out_root=out or self._out,
+            out_root=Path(out) if out else self._out,
             target_url=target_url or self._target_url,
-            baseline=baseline or self._root / baseline_path(config.name),
+            baseline=Path(baseline) if baseline else self._root / baseline_path(config.name),
         )
         self.results.append(result)
         self._request.node.user_properties.append(("zerowindow_run_dir", str(result.run_dir)))

@@ -41,9 +41,10 @@ class UserGroupConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field(
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$",
         max_length=64,
-        description="letters, digits, '_', '.', '-' (it names the group's files)",
+        description="letters, digits, '_', '-' (it names the group's files and figures such "
+        "as '<group>.ttft_p99_ms', so no '.')",
     )
     users: int = Field(ge=1)
     requests_per_user: int = Field(ge=1)
