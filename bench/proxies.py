@@ -59,6 +59,7 @@ from harness._proxies import (  # noqa: E402
     NoProxyConfig,
     make_proxy,
 )
+from harness._proxy_probe import procs_rss_bytes  # noqa: E402
 
 PROXY_CPU, LOAD_CPU = "0", "1"
 SNDBUF = 32 * 1024
@@ -315,16 +316,6 @@ def _cpu_s(procs: list[psutil.Process]) -> float:
     return total
 
 
-def _rss(procs: list[psutil.Process]) -> int:
-    total = 0
-    for p in procs:
-        try:
-            total += p.memory_info().rss
-        except psutil.Error:
-            pass
-    return total
-
-
 def _pin(procs: list[psutil.Process], cpu: str) -> None:
     if shutil.which("taskset"):
         for p in procs:
@@ -421,7 +412,7 @@ def measure_all(
 def _stalled(port: int, procs: list[psutil.Process], args: argparse.Namespace) -> tuple[float, int]:
     """RSS grown per stalled stream, and how many were already cut when it was measured."""
     n_events = args.stalled_kib * 1024 // args.event_bytes
-    before = _rss(procs)
+    before = procs_rss_bytes(procs)
     socks = []
     request = (
         f"GET /stream?mode=hold&events={n_events}&bytes={args.event_bytes} HTTP/1.1\r\n"
@@ -434,7 +425,7 @@ def _stalled(port: int, procs: list[psutil.Process], args: argparse.Namespace) -
         s.sendall(request)
         socks.append(s)
     time.sleep(1.0)
-    grown = _rss(procs) - before
+    grown = procs_rss_bytes(procs) - before
     cut = 0
     for s in socks:
         s.setblocking(False)

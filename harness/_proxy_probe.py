@@ -70,6 +70,11 @@ def tree_rss_bytes(pid: int) -> int | None:
         procs = [root, *root.children(recursive=True)]
     except psutil.Error:
         return None
+    return procs_rss_bytes(procs)
+
+
+def procs_rss_bytes(procs: list[psutil.Process]) -> int:
+    """Summed RSS (bytes) of ``procs``; a process that is gone counts 0."""
     total = 0
     for p in procs:
         try:
