@@ -1,0 +1,151 @@
+"""Registries: the pluggable parts of the toolkit looked up by their ``kind``.
+
+Every pluggable part (read behaviours, client actions, targets, proxies, shaping backends) is a
+frozen pydantic model with a ``kind`` field whose default names it, registered in a
+:class:`Registry`. Scenario fields that hold such a part are declared with
+:meth:`Registry.field`: they validate against whatever is registered when validation runs, so a
+new kind is one class and one registration, and no union is ever kept by hand. An unknown kind
+raises an error that lists the valid ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any, Generic, TypeVar
+
+from pydantic import BaseModel, PlainSerializer, ValidationError, WrapValidator
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from zwcore._errors import ZerowindowError
+
+M = TypeVar("M")
+
+
+class UnknownKindError(ZerowindowError, ValueError):
+    """Raised for a missing ``kind``, or one no model of a registry is registered under; the
+    message lists the valid kinds."""
+
+
+class Registry(Generic[M]):
+    """Classes of one family (``what``, e.g. ``"read behaviour"``) keyed by their ``kind``:
+    pydantic models (the ``kind`` field's default) or plain classes (a ``kind`` class
+    attribute, e.g. a shaping backend)."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self._by_kind: dict[str, type[M]] = {}
+
+    def register(self, cls: type[M]) -> type[M]:
+        """Class decorator: register ``cls`` under its kind (the default of a pydantic model's
+        ``kind`` field, else the class attribute ``kind``).
+
+        Raises ``TypeError`` if ``cls`` has no string kind, ``ValueError`` if the kind is taken
+        by another class.
+        """
+        kind = kind_of(cls)
+        if not isinstance(kind, str):
+            raise TypeError(f"{cls.__name__} needs a `kind` field with a string default")
+        known = self._by_kind.get(kind)
+        if known is not None and known.__qualname__ != cls.__qualname__:
+            raise ValueError(f"{self.what} kind {kind!r} is already registered")
+        self._by_kind[kind] = cls  # the same class again (a module reloaded) replaces itself
+        return cls
+
+    def kinds(self) -> list[str]:
+        """The registered kinds, sorted."""
+        return sorted(self._by_kind)
+
+    def models(self) -> list[type[M]]:
+        """The registered models, by kind."""
+        return [self._by_kind[k] for k in self.kinds()]
+
+    def get(self, kind: str) -> type[M]:
+        """The model registered under ``kind``; raises :class:`UnknownKindError` otherwise."""
+        try:
+            return self._by_kind[kind]
+        except KeyError:
+            raise UnknownKindError(
+                f"unknown {self.what} kind {kind!r}; valid kinds: {', '.join(self.kinds())}"
+            ) from None
+
+    def parse(self, data: Mapping[str, Any] | M) -> M:
+        """Validate ``data`` (a mapping with a ``kind`` key, or a model instance).
+
+        Raises :class:`UnknownKindError` for a missing or unknown kind and
+        ``pydantic.ValidationError`` for bad fields.
+        """
+        if isinstance(data, BaseModel):
+            kind = getattr(data, "kind", None)
+            if self.get(str(kind)) is not type(data):
+                raise UnknownKindError(f"{type(data).__name__} is not a registered {self.what}")
+            return data
+        if "kind" not in data:
+            raise UnknownKindError(
+                f"{self.what} needs a `kind`; valid kinds: {', '.join(self.kinds())}"
+            )
+        model: Any = self.get(str(data["kind"]))
+        return model.model_validate(dict(data))  # type: ignore[no-any-return]
+
+    def field(self) -> Any:
+        """A type for a pydantic field that holds one of this registry's models.
+
+        It validates a mapping by its ``kind`` against the models registered at validation
+        time (a kind registered after the field's model was defined is accepted), reports a
+        bad field at its own location inside the field (``target.port``, as a discriminated
+        union would), and serializes as the model's own fields.
+        """
+        return Annotated[
+            BaseModel,
+            WrapValidator(self._validate),
+            PlainSerializer(_dump, return_type=dict),
+        ]
+
+    def _validate(self, value: Any, handler: Any) -> M:
+        if not isinstance(value, BaseModel | Mapping):
+            raise PydanticCustomError(
+                "model_type", "expected a table with a `kind`; valid kinds: {kinds}",
+                {"kinds": ", ".join(self.kinds())},
+            )  # fmt: skip
+        try:
+            return self.parse(value)
+        except UnknownKindError as exc:
+            raise PydanticCustomError("union_tag_invalid", str(exc)) from None
+        except ValidationError as exc:
+            raise _Relocated(exc) from None
+
+
+def kind_of(cls: type) -> Any:
+    """The kind ``cls`` is registered under: a pydantic model's ``kind`` default, else its
+    ``kind`` class attribute (``None`` if it has neither)."""
+    fields = getattr(cls, "model_fields", None)
+    if isinstance(fields, dict):
+        field = fields.get("kind")
+        return field.default if field is not None else None
+    return getattr(cls, "kind", None)
+
+
+class _Relocated(ValueError):
+    """Carries a nested model's validation errors up to :func:`relocate_errors`."""
+
+    def __init__(self, error: ValidationError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _dump(model: BaseModel) -> dict[str, Any]:
+    return model.model_dump(mode="json")
+
+
+def relocated_errors(error: ValidationError) -> list[InitErrorDetails]:
+    """The line errors of ``error`` with those of registry fields (:meth:`Registry.field`)
+    replaced by the nested model's own errors, each at its full location."""
+    out: list[InitErrorDetails] = []
+    for err in error.errors():
+        ctx = err.get("ctx") or {}
+        inner = ctx.get("error")
+        if isinstance(inner, _Relocated):
+            for sub in relocated_errors(inner.error):
+                out.append({**sub, "loc": (*err["loc"], *sub["loc"])})
+            continue
+        out.append(err)  # type: ignore[arg-type]
+    return out
