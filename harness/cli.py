@@ -8,14 +8,15 @@ from typing import Annotated, NoReturn
 
 import typer
 
-from harness._baseline import BaselineError, save_baseline
-from harness._console import print_gates, print_summary
-from harness._distributed import DistributedError, Distribution, parse_address, run_worker
-from harness._progress import RunProgress
-from harness._run import EXIT_SETUP, run_scenario
-from harness._scenario import Scenario, ScenarioError, load_scenario
-from harness._step_summary import ENV as STEP_SUMMARY_ENV
-from harness._step_summary import append_setup_error, append_step_summary
+from harness.gates._baseline import BaselineError, save_baseline
+from harness.outputs._console import print_gates, print_summary
+from harness.lifecycle._distributed import DistributedError, Distribution, parse_address, run_worker
+from harness.lifecycle._progress import RunProgress
+from harness.lifecycle._run import EXIT_SETUP, run_scenario
+from harness.scenario import Scenario
+from harness.scenario import ScenarioError, load_scenario
+from harness.outputs._step_summary import ENV as STEP_SUMMARY_ENV
+from harness.outputs._step_summary import append_setup_error, append_step_summary
 
 app = typer.Typer(
     help="Chaos and load testing for LLM streaming servers.",
@@ -178,7 +179,7 @@ def report(
     ] = None,
 ) -> None:
     """Write RUN_DIR/report.html: one self-contained page with timelines, CDFs and verdicts."""
-    from harness._report import ReportError, write_report
+    from harness.outputs._report import ReportError, write_report
 
     try:
         path = write_report(run_dir, out)
@@ -207,8 +208,8 @@ def compare(
     """Print the runs' figures side by side, with ratios against the first run."""
     from rich.console import Console
 
-    from harness._compare import FORMATS, compare_runs, html_page, render, rich_table
-    from harness._report import ReportError
+    from harness.outputs._compare import FORMATS, compare_runs, html_page, render, rich_table
+    from harness.outputs._report import ReportError
 
     if len(run_dirs) < 2 or fmt not in FORMATS:
         typer.echo(
@@ -234,8 +235,8 @@ def compare(
 
 
 def _run_comparison(config: Scenario, path: Path, out: Path, target_url: str | None) -> None:
-    from harness._comparison import print_comparison
-    from harness._comparison_run import run_comparison
+    from harness.analysis._comparison import print_comparison
+    from harness.lifecycle._comparison_run import run_comparison
 
     try:
         result = run_comparison(config, scenario_path=path, out_root=out, target_url=target_url)
@@ -284,7 +285,7 @@ def model_tiny(
     seed: Annotated[int, typer.Option(help="seed of weights and tokenizer corpus")] = 0,
 ) -> None:
     """Write a random-weight Llama model and a locally trained tokenizer (no network)."""
-    from harness._tiny_model import make_tiny_model
+    from harness.servers._tiny_model import make_tiny_model
 
     try:
         path = make_tiny_model(out_dir, seed=seed)
@@ -335,8 +336,8 @@ def netem_clean(
 ) -> None:
     """Remove what killed runs left: zw- namespaces, links, qdiscs, nftables tables, delay
     lines and processes (from the runs' state files and by the zw- prefix)."""
-    from netem._clean import clean
-    from netem._netns import NetemError
+    from netem import clean
+    from netem import NetemError
 
     try:
         report = clean(results=results, run_id=run_id, force=force)
@@ -357,8 +358,8 @@ def netem_show(
     ifname: Annotated[str | None, typer.Option(help="one interface")] = None,
 ) -> None:
     """The toolkit's namespaces and interfaces, the shaping on each, and running runs."""
-    from netem._manual import overview
-    from netem._show import show
+    from netem import overview
+    from netem import show
 
     if ifname is not None:
         typer.echo(repr(show(netns, ifname)))
@@ -383,9 +384,9 @@ def netem_apply(
     backend: Annotated[str, typer.Option(help="auto, netem or fallback")] = "auto",
 ) -> None:
     """Shape IFNAME with PROFILE until Ctrl-C (up on its egress, down on its ingress)."""
-    from netem._manual import apply_and_hold
-    from netem._netns import NetemError
-    from netem._profiles import UnknownPreset, preset
+    from netem import apply_and_hold
+    from netem import NetemError
+    from netem import UnknownPreset, preset
 
     try:
         link = preset(profile)
@@ -412,8 +413,8 @@ def netem_clear(
     netns: NetnsOption = None,
 ) -> None:
     """Remove the toolkit's shaping from IFNAME (e.g. after a killed `netem apply`)."""
-    from netem._manual import clear_shaping
-    from netem._netns import NetemError
+    from netem import clear_shaping
+    from netem import NetemError
 
     try:
         removed = clear_shaping(netns=netns, ifname=ifname)

@@ -11,15 +11,36 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from ._actions import ACTIONS, AbortiveClose, ActionConfig, HalfClose, Stall, StopReading
+from ._actions import (
+    ACTIONS,
+    AbortiveClose,
+    ActionConfig,
+    ClientAction,
+    HalfClose,
+    Stall,
+    StopReading,
+)
 from ._client import RequestSpec, stream_request
-from ._config import GroupRunConfig, UserGroupConfig
-from ._openai import ENDPOINT_PATHS, Endpoint
+from ._config import SATURATION_ENV, GroupRunConfig, UserGroupConfig
+from ._openai import ENDPOINT_PATHS, Endpoint, TokenCounter, parse_payload, request_body
 from ._prompt import build_prompt, prompt_seed
-from ._reads import READS, FullSpeed, Paced, ReadConfig
+from ._reads import READS, FullSpeed, Paced, ReadBehaviour, ReadConfig
 from ._records import OUTCOMES, Chunk, RecordWriter, RequestRecord, read_records
-from ._registry import Registry, UnknownKindError
+from ._saturation import sample_saturation
+from ._sockets import TCP_CLOSE, TCP_CLOSE_WAIT, peer_cut, tcp_state
 from ._sse import SSEDecoder, SSEEvent
+from ._workers import (
+    WORKER_DIR_ENV,
+    WORKER_FORWARD_ENV,
+    WORKER_NAME_ENV,
+    group_file,
+    group_files,
+    locustfile_source,
+    valid_worker_name,
+    worker_of,
+    workers_log,
+)
+from zwcore import Registry, UnknownKindError
 
 if TYPE_CHECKING:
     from ._lifecycle import exit_zero_on_request_failures, quit_when_users_done
@@ -39,14 +60,22 @@ __all__ = [
     "ENDPOINT_PATHS",
     "OUTCOMES",
     "READS",
+    "SATURATION_ENV",
+    "TCP_CLOSE",
+    "TCP_CLOSE_WAIT",
+    "WORKER_DIR_ENV",
+    "WORKER_FORWARD_ENV",
+    "WORKER_NAME_ENV",
     "AbortiveClose",
     "ActionConfig",
     "Chunk",
+    "ClientAction",
     "Endpoint",
     "FullSpeed",
     "GroupRunConfig",
     "HalfClose",
     "Paced",
+    "ReadBehaviour",
     "ReadConfig",
     "RecordWriter",
     "Registry",
@@ -59,15 +88,27 @@ __all__ = [
     "Stall",
     "StopReading",
     "StreamingUser",
+    "TokenCounter",
     "UnknownKindError",
     "UserGroupConfig",
     "build_prompt",
     "exit_zero_on_request_failures",
+    "group_file",
+    "group_files",
+    "locustfile_source",
+    "parse_payload",
+    "peer_cut",
     "prompt_seed",
     "quit_when_users_done",
     "read_records",
+    "request_body",
+    "sample_saturation",
     "stream_request",
+    "tcp_state",
     "user_class_from_config",
+    "valid_worker_name",
+    "worker_of",
+    "workers_log",
 ]
 
 

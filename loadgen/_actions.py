@@ -29,10 +29,10 @@ from typing import Annotated, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from ._records import RequestRecord
-from ._registry import Registry
+from zwcore import Registry
 from ._sockets import close_abortive, close_orderly
 
-ACTIONS: Registry[BaseModel] = Registry("client action")
+
 
 
 class StreamControl(Protocol):
@@ -58,8 +58,24 @@ class StreamControl(Protocol):
 _Frozen = ConfigDict(frozen=True, extra="forbid")
 
 
+class ClientAction(BaseModel):
+    """What a client does to its stream once it has counted ``after_tokens`` output tokens (an
+    action kind subclasses this and registers with :data:`ACTIONS`)."""
+
+    model_config = _Frozen
+    kind: str
+    after_tokens: int = Field(0, ge=0)
+
+    def apply(self, ctl: StreamControl) -> str | None:
+        """Act on the stream; return the outcome that ends it, or ``None`` to read on."""
+        raise NotImplementedError
+
+
+ACTIONS: Registry[ClientAction] = Registry("client action")
+
+
 @ACTIONS.register
-class Stall(BaseModel):
+class Stall(ClientAction):
     """After ``after_tokens`` tokens, read nothing for ``stall_s`` seconds, then read on."""
 
     model_config = _Frozen
@@ -78,7 +94,7 @@ class Stall(BaseModel):
 
 
 @ACTIONS.register
-class StopReading(BaseModel):
+class StopReading(ClientAction):
     """After ``after_tokens`` tokens, never read again; hold ``hold_s`` s, then close."""
 
     model_config = _Frozen
@@ -104,7 +120,7 @@ class StopReading(BaseModel):
 
 
 @ACTIONS.register
-class HalfClose(BaseModel):
+class HalfClose(ClientAction):
     """After ``after_tokens`` tokens, ``shutdown(SHUT_WR)`` and keep reading."""
 
     model_config = _Frozen
@@ -121,7 +137,7 @@ class HalfClose(BaseModel):
 
 
 @ACTIONS.register
-class AbortiveClose(BaseModel):
+class AbortiveClose(ClientAction):
     """After ``after_tokens`` tokens, close with RST (``SO_LINGER {1, 0}``, socket(7))."""
 
     model_config = _Frozen
@@ -134,7 +150,5 @@ class AbortiveClose(BaseModel):
         return "client_abort"
 
 
-ActionConfig = Annotated[
-    Stall | StopReading | HalfClose | AbortiveClose, Field(discriminator="kind")
-]
-"""Discriminated union of the client actions (tag ``kind``)."""
+ActionConfig = Annotated[ClientAction, ACTIONS.validator, ACTIONS.serializer]
+"""A field holding any registered client action, chosen by its ``kind``."""

@@ -9,19 +9,34 @@ because the client does its own ``recv`` calls (see ``_client``).
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ._registry import Registry
+from zwcore import Registry
 
-READS: Registry[BaseModel] = Registry("read behaviour")
+class ReadBehaviour(BaseModel):
+    """How a client reads its stream (a read behaviour kind subclasses this and registers with
+    :data:`READS`): at most ``bytes_per_read`` bytes per ``recv``, the next ``recv`` at
+    :meth:`next_read_at`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    kind: str
+    if TYPE_CHECKING:  # a class constant or a field, as the kind needs
+        bytes_per_read: int
+
+    def next_read_at(self, slot_s: float, returned_s: float) -> float:
+        """Monotonic time (s) of the next ``recv``, given this read's slot and return time."""
+        raise NotImplementedError
+
+
+READS: Registry[ReadBehaviour] = Registry("read behaviour")
 
 FULL_SPEED_READ_BYTES = 65536
 
 
 @READS.register
-class FullSpeed(BaseModel):
+class FullSpeed(ReadBehaviour):
     """Read as fast as possible: ``recv(65536)`` in a loop."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -34,7 +49,7 @@ class FullSpeed(BaseModel):
 
 
 @READS.register
-class Paced(BaseModel):
+class Paced(ReadBehaviour):
     """Read ``bytes_per_read`` bytes (at most) every ``interval_s`` seconds.
 
     Reads start on a fixed grid ``interval_s`` apart; after a ``recv`` that blocked past its
@@ -54,5 +69,5 @@ class Paced(BaseModel):
         return nxt if nxt >= returned_s else returned_s + self.interval_s
 
 
-ReadConfig = Annotated[FullSpeed | Paced, Field(discriminator="kind")]
-"""Discriminated union of the read behaviours (tag ``kind``)."""
+ReadConfig = Annotated[ReadBehaviour, READS.validator, READS.serializer]
+"""A field holding any registered read behaviour, chosen by its ``kind``."""

@@ -4,7 +4,7 @@ Latency figures are only as good as the client that takes them. A load process t
 of CPU, or whose gevent hub is late to run ready greenlets, reads several SSE events in one
 ``recv`` and timestamps them together: ITL collapses towards 0 and the gaps it does see grow.
 This hook records, every ``interval_s``, the process's CPU use and the hub's loop lag, so that
-the harness can flag a run whose client was saturated (``harness._saturation``).
+the harness can flag a run whose client was saturated (``harness.analysis._saturation``).
 
 Each sample is one JSON line appended to the file (one ``write`` per line, ``O_APPEND``, so
 several processes, e.g. Locust workers, may share a file; ``pid`` tells them apart)::

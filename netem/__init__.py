@@ -51,3 +51,17 @@ __all__ = [
     "show",
     "tcp_sockets",
 ]
+
+# TEMP (replaced by the netem-split branch's façade)
+from netem._clean import clean  # noqa: E402
+from netem._delayline import DelayLine  # noqa: E402
+from netem._diag import TcpDiag, tcp_connections  # noqa: E402
+from netem._links import check_profiles  # noqa: E402
+from netem._manual import apply_and_hold, clear_shaping, overview  # noqa: E402
+from netem._netns import NetemError, NetemPermissionError, exec_prefix, has_net_admin, process_start_ticks  # noqa: E402
+from netem._nsexec import socket_in  # noqa: E402
+from netem._resources import delay_line_processes  # noqa: E402
+from netem._shaping import NetemBackend, shaping_tag  # noqa: E402
+from netem._state import NetemState, read_state  # noqa: E402
+from netem._topology import Topology  # noqa: E402
+from netem._wire import CaptureError, WireCapture, stalled_flows, wire_events, write_wire_parquet  # noqa: E402

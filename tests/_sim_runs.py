@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from harness._gates import parse_gate
-from harness._run import RunResult, run_scenario
-from harness._scenario import Scenario, load_scenario
+from harness.scenario import parse_gate
+from harness.lifecycle._run import RunResult, run_scenario
+from harness.scenario import Scenario
+from harness.scenario import load_scenario
 from loadgen import Paced
-from loadgen._actions import AbortiveClose
+from loadgen import AbortiveClose
 from tests.conftest import REPO
 
 _cache: dict[str, RunResult] = {}

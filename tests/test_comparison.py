@@ -10,18 +10,20 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from harness._comparison import (
+from harness.analysis._comparison import (
     DistortionThresholds,
     compare,
     print_comparison,
     write_comparison,
 )
-from harness._proxy_probe import ProxySummary, proxy_summary
-from harness._saturation import SaturationSummary
-from harness._stalls import abort_times, attribute_aborts, undelivered_tokens
-from harness._summary import RunSummary, summarize_group, summarize_server
-from harness._tables import chunks_frame, requests_frame
-from loadgen._records import Chunk, RequestRecord
+from harness.runfolder import ProxySummary
+from harness.collectors._proxy_probe import proxy_summary
+from harness.runfolder import SaturationSummary
+from harness.analysis._stalls import abort_times, attribute_aborts, undelivered_tokens
+from harness.runfolder import RunSummary
+from harness.analysis._summary import summarize_group, summarize_server
+from harness.analysis._tables import chunks_frame, requests_frame
+from loadgen import Chunk, RequestRecord
 
 
 def _record(
@@ -317,7 +319,7 @@ requests_per_user = 1
 
 
 def test_scenario_proxies_named_beside_their_fields() -> None:
-    from harness._scenario import parse_scenario
+    from harness.scenario import parse_scenario
 
     text = (
         _SCENARIO
@@ -347,7 +349,7 @@ send_timeout_s = 3
     ],
 )  # fmt: skip
 def test_scenario_proxies_errors(extra: str, message: str) -> None:
-    from harness._scenario import ScenarioError, parse_scenario
+    from harness.scenario import ScenarioError, parse_scenario
 
     with pytest.raises(ScenarioError) as err:
         parse_scenario(_SCENARIO + extra, path=Path("x.toml"))
@@ -355,7 +357,7 @@ def test_scenario_proxies_errors(extra: str, message: str) -> None:
 
 
 def test_parse_egress_metrics_sums_and_splits_cuts() -> None:
-    from harness._proxy_probe import parse_egress_metrics
+    from harness.collectors._proxy_probe import parse_egress_metrics
 
     text = """# TYPE zerowindow_egress_cuts counter
 zerowindow_egress_cuts_total{reason="stall_timeout"} 2.0

@@ -15,8 +15,8 @@ import shutil
 import pandas as pd
 import pytest
 
-from harness._comparison_run import ComparisonResult, run_comparison
-from harness._scenario import load_scenario
+from harness.lifecycle._comparison_run import ComparisonResult, run_comparison
+from harness.scenario import load_scenario
 from tests.conftest import REPO
 
 HOLD_S = 16.0  # the stalled readers' hold in the scenario: a cut must come before it ends

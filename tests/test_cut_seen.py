@@ -17,7 +17,7 @@ import time
 import pytest
 
 from loadgen import Paced, RequestSpec, Stall, StopReading, stream_request
-from loadgen._sockets import TCP_CLOSE, TCP_CLOSE_WAIT, peer_cut, tcp_state
+from loadgen import TCP_CLOSE, TCP_CLOSE_WAIT, peer_cut, tcp_state
 
 
 class CuttingServer:

@@ -16,16 +16,16 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from harness._distributed import (
+from harness.lifecycle._distributed import (
     DistributedError,
     DistributedLoad,
     Distribution,
     parse_address,
     worker_reports,
 )
-from harness._run import run_scenario
-from harness._scenario import Scenario
-from loadgen._workers import group_file, group_files, worker_of, workers_log
+from harness.lifecycle._run import run_scenario
+from harness.scenario import Scenario
+from loadgen import group_file, group_files, worker_of, workers_log
 from tests.conftest import REPO, ZEROWINDOW, only_run_dir
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from harness._figures import figure_names, figures
-from harness._saturation import SaturationSummary
-from harness._summary import GroupSummary, RunSummary, ServerSummary
+from harness.runfolder import figure_names, figures
+from harness.runfolder import SaturationSummary
+from harness.runfolder import GroupSummary, RunSummary, ServerSummary
 
 
 def _summary() -> RunSummary:

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from harness._baseline import BaselineError, load_baseline
-from harness._gates import GateSyntaxError, evaluate_gates, parse_gate
-from harness._junit import junit_xml
-from harness._scenario import ScenarioError, parse_scenario
-from harness._step_summary import step_summary_markdown
+from harness.gates._baseline import BaselineError, load_baseline
+from harness.scenario import GateSyntaxError, parse_gate
+from harness.gates._evaluate import evaluate_gates
+from harness.outputs._junit import junit_xml
+from harness.scenario import ScenarioError, parse_scenario
+from harness.outputs._step_summary import step_summary_markdown
 from tests.test_figures import _summary
 
 
@@ -169,7 +170,7 @@ def _results():
     gates = [parse_gate("fast.ttft_p99_ms <= 20"), parse_gate("fast.ttft_p50_ms <= 800")]
     gates.append(parse_gate("fast.ttft_p90_ms <= baseline"))
     summary = _summary()
-    from harness._figures import figures
+    from harness.runfolder import figures
 
     return summary, evaluate_gates(gates, figures(summary), None, skip_relative=True)
 
@@ -217,7 +218,7 @@ def test_missing_or_bad_baseline_is_a_clear_error(tmp_path):
 
 
 def test_baseline_save_refuses_an_incomplete_run_unless_asked(tmp_path):
-    from harness._baseline import save_baseline
+    from harness.gates._baseline import save_baseline
 
     failed = _summary().model_copy(update={"status": "failed", "failure": "engine died"})
     (tmp_path / "summary.json").write_text(failed.model_dump_json())

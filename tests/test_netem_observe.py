@@ -9,11 +9,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness._collectors import SOCKET_COLUMNS, SocketSampler
-from harness._run import run_scenario
-from harness._scenario import ScenarioError, parse_scenario
-from harness._tables import _server_socket_figures
-from netem._diag import tcp_connections
+from harness.collectors._collectors import SOCKET_COLUMNS, SocketSampler
+from harness.lifecycle._run import run_scenario
+from harness.scenario import ScenarioError, parse_scenario
+from harness.analysis._tables import _server_socket_figures
+from netem import tcp_connections
 
 
 def _stalled_pair() -> tuple[socket.socket, socket.socket, socket.socket, int]:

@@ -20,17 +20,11 @@ from typing import Any
 import pytest
 from pyroute2 import IPRoute
 
-from netem._clean import clean
-from netem._netns import (
-    NetemPermissionError,
-    create_netns,
-    has_net_admin,
-    list_netns,
-    netns_pids,
-    run_in_netns,
-)
-from netem._state import NetemState, read_state
-from netem._topology import Topology
+from netem import clean
+from netem import NetemPermissionError, has_net_admin
+from netem._netns import create_netns, list_netns, netns_pids, run_in_netns
+from netem import NetemState, read_state
+from netem import Topology
 from tests.conftest import REPO
 
 needs_net_admin = pytest.mark.skipif(
@@ -222,8 +216,8 @@ def test_shaped_run_on_the_sim_target(tmp_path: Path):
     saw the slow readers limited by their receive window for seconds, the fast ones not."""
     import pandas as pd
 
-    from harness._run import run_scenario
-    from harness._scenario import parse_scenario
+    from harness.lifecycle._run import run_scenario
+    from harness.scenario import parse_scenario
 
     before = host_snapshot()
     scenario = parse_scenario(SHAPED_SIM, path=tmp_path / "shaped-sim.toml")
@@ -376,8 +370,8 @@ action = { kind = "stop_reading", after_tokens = 8, hold_s = 3, close = "rst" }
 def test_capture_on_each_groups_link_finds_zero_windows_and_who_reset(tmp_path: Path):
     import pandas as pd
 
-    from harness._run import run_scenario
-    from harness._scenario import parse_scenario
+    from harness.lifecycle._run import run_scenario
+    from harness.scenario import parse_scenario
 
     scenario = parse_scenario(WIRE_SIM, path=tmp_path / "wire.toml")
     result = run_scenario(scenario, out_root=tmp_path)

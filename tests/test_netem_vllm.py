@@ -14,9 +14,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness._run import run_scenario
-from harness._scenario import load_scenario
-from netem._netns import has_net_admin
+from harness.lifecycle._run import run_scenario
+from harness.scenario import load_scenario
+from netem import has_net_admin
 from tests.conftest import REPO, vllm_available
 
 pytestmark = [

@@ -8,9 +8,9 @@ import time
 
 from rich.console import Console
 
-from harness._loadrun import records_path
-from harness._progress import RunProgress, _record_head
-from loadgen._records import Chunk, RecordWriter, RequestRecord
+from harness.lifecycle._loadrun import records_path
+from harness.lifecycle._progress import RunProgress, _record_head
+from loadgen import Chunk, RecordWriter, RequestRecord
 
 
 def _record(group: str, i: int, ttft_s: float | None) -> RequestRecord:

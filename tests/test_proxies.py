@@ -11,22 +11,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+from typing import Literal
+
 import pytest
 import yaml
 
-from harness._health import TargetError
-from harness._proxies import (
-    PROXIES,
-    NginxProxyConfig,
-    NoProxyConfig,
-    make_proxy,
-    register_proxy,
-    render_nginx_conf,
-)
-from harness._proxy_envoy import EnvoyProxyConfig, envoy_bootstrap
-from harness._proxy_haproxy import HaproxyProxyConfig, render_haproxy_cfg
-from harness._proxy_process import find_binary
-from harness._scenario import ScenarioError, parse_scenario
+from zwcore import TargetError
+from harness.servers import PROXIES, NginxProxyConfig, NoProxyConfig, make_proxy, render_nginx_conf
+from harness.servers import ProxyConfigBase
+from zwcore import UnknownKindError
+from harness.servers._envoy import EnvoyProxyConfig, envoy_bootstrap
+from harness.servers._haproxy import HaproxyProxyConfig, render_haproxy_cfg
+from harness.servers._configured import find_binary
+from harness.scenario import ScenarioError, parse_scenario
 from harness._sim import SimConfig, SimServer
 from tests.test_proxy_helpers import needs, param, proxy_config, running_proxy
 
@@ -226,15 +223,17 @@ def test_envoy_validates_the_rendered_config_and_rejects_a_wrong_field(tmp_path)
 
 
 def test_registry_builds_by_kind_and_none_passes_the_url_through(tmp_path):
-    assert sorted(PROXIES) == ["egress", "envoy", "haproxy", "nginx", "none"]
+    assert PROXIES.kinds() == ["egress", "envoy", "haproxy", "nginx", "none"]
     proxy = make_proxy(NoProxyConfig())
     assert proxy.start(tmp_path, "http://127.0.0.1:9") == "http://127.0.0.1:9"
-    with pytest.raises(
-        KeyError, match="valid: \\['egress', 'envoy', 'haproxy', 'nginx', 'none'\\]"
-    ):
+    with pytest.raises(UnknownKindError, match="valid kinds: egress, envoy, haproxy, nginx, none"):
         make_proxy(NoProxyConfig.model_construct(kind="squid"))  # type: ignore[arg-type]
+
+    class Impostor(ProxyConfigBase):
+        kind: Literal["nginx"] = "nginx"
+
     with pytest.raises(ValueError, match="already registered"):
-        register_proxy(PROXIES["nginx"])
+        PROXIES.register(Impostor)
 
 
 @pytest.mark.parametrize("kind", ["haproxy", "envoy"])

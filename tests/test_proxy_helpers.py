@@ -14,18 +14,10 @@ from typing import Any
 import psutil
 import pytest
 
-from harness._health import TargetError
-from harness._proxies import (
-    AnyProxyConfig,
-    EgressProxyConfig,
-    EnvoyProxyConfig,
-    HaproxyProxyConfig,
-    NginxProxyConfig,
-    NoProxyConfig,
-    Proxy,
-    make_proxy,
-)
-from harness._proxy_process import find_binary
+from zwcore import TargetError
+from harness.servers import ProxyConfigBase as AnyProxyConfig
+from harness.servers import EgressProxyConfig, EnvoyProxyConfig, HaproxyProxyConfig, NginxProxyConfig, NoProxyConfig, Proxy, make_proxy
+from harness.servers._configured import find_binary
 
 HINTS = {
     "nginx": "apt-get install nginx",

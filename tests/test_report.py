@@ -12,15 +12,15 @@ import pandas as pd
 import pytest
 from markupsafe import escape
 
-from harness._report import (
+from harness.outputs._report import (
     REPORT_NAME,
     ReportError,
     render_report,
     report_or_warning,
     write_report,
 )
-from harness._report._data import events, itl_ms, load_run, ttft_ms
-from harness._run import RunResult
+from harness.outputs._report._data import events, itl_ms, load_run, ttft_ms
+from harness.lifecycle._run import RunResult
 from tests._sim_runs import rst_run, sim_runs
 from tests.conftest import REPO, ZEROWINDOW
 

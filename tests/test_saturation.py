@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from harness._saturation import saturation_summary
+from harness.analysis._saturation import saturation_summary
 from loadgen import Paced, UserGroupConfig
 from tests.test_loadgen import REPO, Script, StreamServer, run_locust
 

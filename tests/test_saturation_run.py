@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harness._figures import figures
-from harness._run import run_scenario
-from harness._scenario import Scenario
+from harness.runfolder import figures
+from harness.lifecycle._run import run_scenario
+from harness.scenario import Scenario
 
 FLOOD = {
     "name": "flood",

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from harness._scenario import ScenarioError, load_scenario, parse_scenario
+from harness.scenario import ScenarioError, load_scenario, parse_scenario
 from tests.conftest import REPO, run_cli
 
 GOOD = """
@@ -145,7 +145,7 @@ def test_the_harness_does_not_import_gevent():
     """Locust monkey-patches the process it is imported into; the harness runs threads and
     must stay unpatched (load runs in separate Locust processes)."""
     code = (
-        "import sys, harness._run, harness.cli; "
+        "import sys, harness.lifecycle._run, harness.cli; "
         "bad = [m for m in ('gevent', 'locust') if m in sys.modules]; "
         "assert not bad, bad"
     )

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from loadgen._openai import TokenCounter, parse_payload, request_body
-from loadgen._sse import SSEDecoder, SSEEvent
+from loadgen import TokenCounter, parse_payload, request_body
+from loadgen import SSEDecoder, SSEEvent
 
 
 def decode(*reads: bytes) -> list[SSEEvent]:

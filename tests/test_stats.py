@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from harness._stats import inter_chunk, per_token_itl, percentile, tpot
+from harness.analysis._latency import inter_chunk, per_token_itl, percentile, tpot
 
 
 def test_percentile_matches_linear_interpolation():

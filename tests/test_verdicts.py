@@ -3,7 +3,7 @@
 import pandas as pd
 import pytest
 
-from harness._verdicts import kv_held_verdict
+from harness.analysis._verdicts import kv_held_verdict
 
 
 def _metrics(kv, running):

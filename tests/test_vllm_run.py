@@ -14,8 +14,8 @@ import pandas as pd
 import psutil
 import pytest
 
-from harness._run import run_scenario
-from harness._scenario import parse_scenario
+from harness.lifecycle._run import run_scenario
+from harness.scenario import parse_scenario
 from tests.conftest import REPO, VLLM_ARGS, ZEROWINDOW, only_run_dir, tiny_model  # noqa: F401
 
 pytestmark = pytest.mark.vllm

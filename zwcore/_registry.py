@@ -2,8 +2,8 @@
 
 Every pluggable part (read behaviours, client actions, targets, proxies, shaping backends) is a
 frozen pydantic model with a ``kind`` field whose default names it, registered in a
-:class:`Registry`. Scenario fields that hold such a part are declared with
-:meth:`Registry.field`: they validate against whatever is registered when validation runs, so a
+:class:`Registry`. Scenario fields that hold such a part are declared as
+``Annotated[Base, REG.validator, REG.serializer]``: they validate against whatever is registered when validation runs, so a
 new kind is one class and one registration, and no union is ever kept by hand. An unknown kind
 raises an error that lists the valid ones.
 """
@@ -11,7 +11,7 @@ raises an error that lists the valid ones.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, PlainSerializer, ValidationError, WrapValidator
 from pydantic_core import InitErrorDetails, PydanticCustomError
@@ -34,6 +34,14 @@ class Registry(Generic[M]):
     def __init__(self, what: str) -> None:
         self.what = what
         self._by_kind: dict[str, type[M]] = {}
+        self.validator = WrapValidator(self._validate)
+        """Pydantic metadata for a field of this family: ``Annotated[Base, REG.validator,
+        REG.serializer]`` validates a mapping by its ``kind`` against the models registered
+        at validation time (a kind registered after the field's model was defined is
+        accepted), and reports a bad field at its own location inside the field
+        (``target.port``, as a discriminated union would; see :func:`relocated_errors`)."""
+        self.serializer = PlainSerializer(_dump, return_type=dict)
+        """Pydantic metadata that serializes the field as the model's own fields."""
 
     def register(self, cls: type[M]) -> type[M]:
         """Class decorator: register ``cls`` under its kind (the default of a pydantic model's
@@ -86,20 +94,6 @@ class Registry(Generic[M]):
         model: Any = self.get(str(data["kind"]))
         return model.model_validate(dict(data))  # type: ignore[no-any-return]
 
-    def field(self) -> Any:
-        """A type for a pydantic field that holds one of this registry's models.
-
-        It validates a mapping by its ``kind`` against the models registered at validation
-        time (a kind registered after the field's model was defined is accepted), reports a
-        bad field at its own location inside the field (``target.port``, as a discriminated
-        union would), and serializes as the model's own fields.
-        """
-        return Annotated[
-            BaseModel,
-            WrapValidator(self._validate),
-            PlainSerializer(_dump, return_type=dict),
-        ]
-
     def _validate(self, value: Any, handler: Any) -> M:
         if not isinstance(value, BaseModel | Mapping):
             raise PydanticCustomError(
@@ -137,7 +131,7 @@ def _dump(model: BaseModel) -> dict[str, Any]:
 
 
 def relocated_errors(error: ValidationError) -> list[InitErrorDetails]:
-    """The line errors of ``error`` with those of registry fields (:meth:`Registry.field`)
+    """The line errors of ``error`` with those of registry fields (``Registry.validator``)
     replaced by the nested model's own errors, each at its full location."""
     out: list[InitErrorDetails] = []
     for err in error.errors():

@@ -1,0 +1,356 @@
+"""Proxy configurations side by side: the comparison tables and the buffering-distortion flag.
+
+Input: the :class:`~harness.analysis._summary.RunSummary` of each configuration of one comparison run
+(same workload, same target), in scenario order. Output:
+
+- ``groups``: one row per (configuration, user group): outcomes, TTFT, per-token ITL and
+  inter-chunk latency percentiles, and for stalled streams the time from stall onset to the
+  client seeing RST/FIN (``stall_to_cut_*_ms``) and to the engine's abort
+  (``stall_to_abort_*_ms``);
+- ``configurations``: one row per configuration: wasted decode (``undelivered_tokens``, also
+  per stalled stream), server KV peak and preemptions, proxy memory and buffered bytes;
+- ``distortion``: per configuration, whether it buffers the stream (below).
+
+**Buffering distortion.** A proxy that buffers the response delivers it in bursts: the healthy
+readers' first token comes later and the gaps between the chunks they receive get shorter. A
+configuration is flagged ``buffering`` when, for some healthy group (full-speed readers
+without a client action), against the ``none`` configuration, TTFT p50 rose by at least
+``ttft_rise_ratio`` (and ``min_ttft_rise_ms``) while inter-chunk p50 fell to at most
+``inter_chunk_fall_ratio`` of the baseline. When the baseline's inter-chunk p50 is 0 ms (the
+client reads several chunks at once, as a loaded client of vLLM does), the inter-chunk mean
+stands in for it. Without a ``none`` configuration or a healthy group, or when the load
+generator was saturated in either run (the summary's ``client_saturation``: latencies are then
+unreliable), the verdict is ``not_evaluated``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field
+from rich.console import Console
+from rich.table import Table
+
+from harness.runfolder import ProxySummary
+from harness.runfolder import RunSummary, to_builtin
+
+GROUP_COLUMNS = [
+    "configuration", "group", "requests", "outcomes",
+    "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms",
+    "inter_chunk_p50_ms", "inter_chunk_p99_ms", "inter_chunk_mean_ms",
+    "stalled", "cut_seen", "cut_rst", "stall_to_cut_p50_ms", "stall_to_cut_max_ms",
+    "engine_aborted", "stall_to_abort_p50_ms", "stall_to_abort_max_ms",
+]  # fmt: skip
+CONFIG_COLUMNS = [
+    "configuration", "kind", "status", "generation_tokens", "undelivered_tokens",
+    "undelivered_tokens_per_stalled", "kv_cache_usage_peak_perc", "preemptions",
+    "proxy_rss_peak_bytes", "proxy_buffered_peak_bytes", "stream_buffered_peak_mean_bytes",
+    "client_send_q_peak_bytes", "upstream_recv_q_peak_bytes", "proxy_cuts",
+    "proxy_upstream_aborts",
+]  # fmt: skip
+
+
+class DistortionThresholds(BaseModel):
+    """When a configuration counts as buffering the stream (ratios against ``none``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    ttft_rise_ratio: float = Field(1.25, gt=1)
+    min_ttft_rise_ms: float = Field(5.0, ge=0)
+    inter_chunk_fall_ratio: float = Field(0.8, gt=0, lt=1)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The comparison of one run: see the module docstring. ``baseline`` is the name of the
+    ``none`` configuration (or ``None``); ``healthy_groups`` the groups the flag looks at."""
+
+    groups: pd.DataFrame
+    configurations: pd.DataFrame
+    distortion: list[dict[str, Any]]
+    baseline: str | None
+    healthy_groups: list[str]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "baseline": self.baseline,
+            "healthy_groups": self.healthy_groups,
+            "groups": _records(self.groups),
+            "configurations": _records(self.configurations),
+            "distortion": self.distortion,
+        }
+
+
+def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    clean = frame.astype(object).where(frame.notna(), None)
+    return [to_builtin(r) for r in clean.to_dict(orient="records")]
+
+
+def group_rows(summaries: dict[str, RunSummary]) -> pd.DataFrame:
+    """One row per (configuration, group), columns :data:`GROUP_COLUMNS`."""
+    rows = []
+    for name, s in summaries.items():
+        for g in s.groups:
+            row = {c: getattr(g, c, None) for c in GROUP_COLUMNS}
+            row["configuration"] = name
+            row["outcomes"] = ", ".join(f"{k} {v}" for k, v in sorted(g.outcomes.items()))
+            rows.append(row)
+    return pd.DataFrame(rows, columns=GROUP_COLUMNS)
+
+
+def config_rows(summaries: dict[str, RunSummary]) -> pd.DataFrame:
+    """One row per configuration, columns :data:`CONFIG_COLUMNS`."""
+    rows = []
+    for name, s in summaries.items():
+        p = s.proxy
+        stalled = sum(g.stalled for g in s.groups)
+        wasted = s.server.undelivered_tokens
+        rows.append(
+            {
+                "configuration": name,
+                "kind": p.kind if p else None,
+                "status": s.status,
+                "generation_tokens": s.server.generation_tokens,
+                "undelivered_tokens": wasted,
+                "undelivered_tokens_per_stalled": wasted / stalled
+                if wasted is not None and stalled
+                else None,
+                "kv_cache_usage_peak_perc": s.server.kv_cache_usage_peak_perc,
+                "preemptions": s.server.preemptions,
+                "proxy_rss_peak_bytes": p.rss_peak_bytes if p else None,
+                "proxy_buffered_peak_bytes": p.buffered_peak_bytes if p else None,
+                "stream_buffered_peak_mean_bytes": p.stream_buffered_peak_mean_bytes if p else None,
+                "client_send_q_peak_bytes": p.client_send_q_peak_bytes if p else None,
+                "upstream_recv_q_peak_bytes": p.upstream_recv_q_peak_bytes if p else None,
+                "proxy_cuts": _cuts(p) if p else None,
+                "proxy_upstream_aborts": p.upstream_aborts if p else None,
+            }
+        )
+    return pd.DataFrame(rows, columns=CONFIG_COLUMNS)
+
+
+def _positive(value: Any) -> float | None:
+    """``value`` as a float if it is a number >= 0, else ``None``."""
+    if value is None or pd.isna(value) or value < 0:
+        return None
+    return float(value)
+
+
+def _cuts(proxy: ProxySummary) -> str | None:
+    """``"3 (overflow 3)"``: the egress buffer's cuts and their reasons."""
+    if proxy.cuts is None:
+        return None
+    reasons = ", ".join(f"{k} {v:g}" for k, v in proxy.cut_reasons.items())
+    return f"{proxy.cuts:g}" + (f" ({reasons})" if reasons else "")
+
+
+def buffering_distortion(
+    groups: pd.DataFrame,
+    *,
+    baseline: str | None,
+    healthy_groups: list[str],
+    thresholds: DistortionThresholds | None = None,
+    saturated: Collection[str] = (),
+) -> list[dict[str, Any]]:
+    """The buffering verdict of every configuration but the baseline (module docstring).
+    ``saturated`` names configurations whose load generator was saturated: their latencies
+    (or the baseline's) cannot be trusted, so the verdict is ``not_evaluated`` (the numbers are
+    still given).
+
+    ``groups`` is a :func:`group_rows` frame. Each verdict: ``configuration``, ``status``
+    (``buffering`` | ``streaming`` | ``not_evaluated``), ``evidence`` (per healthy group: TTFT
+    and inter-chunk p50 in ms, baseline and this configuration, and their ratios) and ``line``.
+    """
+    th = thresholds or DistortionThresholds()
+    out: list[dict[str, Any]] = []
+    names = [str(n) for n in pd.unique(groups["configuration"])] if len(groups) else []
+    for name in names:
+        if name == baseline:
+            continue
+        if baseline is None or not healthy_groups:
+            why = "no 'none' configuration" if baseline is None else "no healthy reader group"
+            out.append({"configuration": name, "status": "not_evaluated", "evidence": [],
+                        "line": f"{name}: buffering not evaluated ({why})"})  # fmt: skip
+            continue
+        evidence: list[dict[str, Any]] = []
+        flagged: list[dict[str, Any]] = []
+        skipped: list[str] = []
+        for group in healthy_groups:
+            base = groups[(groups["configuration"] == baseline) & (groups["group"] == group)]
+            this = groups[(groups["configuration"] == name) & (groups["group"] == group)]
+            if base.empty or this.empty:
+                continue
+            b, t = base.iloc[0], this.iloc[0]
+            # p50; the mean when the baseline's p50 is 0 ms (the client reads several chunks
+            # at once, so most gaps are 0 even without a proxy).
+            stat = "inter_chunk_p50_ms"
+            if _positive(b[stat]) is not None and b[stat] == 0:
+                stat = "inter_chunk_mean_ms"
+            values = [b["ttft_p50_ms"], t["ttft_p50_ms"], b[stat], t[stat]]
+            if any(_positive(v) is None for v in values) or min(values[0], values[2]) <= 0:
+                skipped.append(f"{group}: no TTFT or inter-chunk latency to compare in {baseline}")
+                continue
+            ttft_ratio = t["ttft_p50_ms"] / b["ttft_p50_ms"]
+            gap_ratio = t[stat] / b[stat]
+            buffering = (
+                ttft_ratio >= th.ttft_rise_ratio
+                and t["ttft_p50_ms"] - b["ttft_p50_ms"] >= th.min_ttft_rise_ms
+                and gap_ratio <= th.inter_chunk_fall_ratio
+            )
+            label = "p50" if stat == "inter_chunk_p50_ms" else "mean"
+            item = {
+                "group": group,
+                "ttft_p50_ms": [float(b["ttft_p50_ms"]), float(t["ttft_p50_ms"])],
+                "inter_chunk_statistic": label,
+                "inter_chunk_ms": [float(b[stat]), float(t[stat])],
+                "ttft_ratio": float(ttft_ratio),
+                "inter_chunk_ratio": float(gap_ratio),
+                "buffering": bool(buffering),
+            }
+            evidence.append(item)
+            if buffering:
+                flagged.append(item)
+        if not evidence:
+            why = "; ".join(skipped) or "no healthy group ran in both"
+            line = f"{name}: buffering not evaluated ({why})"
+            out.append({"configuration": name, "status": "not_evaluated", "evidence": [],
+                        "line": line})  # fmt: skip
+            continue
+        shown = flagged[0] if flagged else evidence[0]
+        numbers = (
+            f"{shown['group']}: TTFT p50 {shown['ttft_p50_ms'][0]:.1f} -> "
+            f"{shown['ttft_p50_ms'][1]:.1f} ms (x{shown['ttft_ratio']:.2f}), inter-chunk "
+            f"{shown['inter_chunk_statistic']} {shown['inter_chunk_ms'][0]:.2f} -> "
+            f"{shown['inter_chunk_ms'][1]:.2f} ms "
+            f"(x{shown['inter_chunk_ratio']:.2f}) against {baseline}"
+        )
+        status = "buffering" if flagged else "streaming"
+        verdict = "BUFFERS the stream" if flagged else "streams (no buffering distortion)"
+        line = f"{name}: {verdict}; {numbers}"
+        unreliable = [n for n in (baseline, name) if n in saturated]
+        if unreliable:
+            status = "not_evaluated"
+            line = (
+                f"{name}: buffering not evaluated (client saturated in "
+                f"{' and '.join(unreliable)}: latency figures unreliable); would say: "
+                f"{verdict}; {numbers}"
+            )
+        out.append({"configuration": name, "status": status, "evidence": evidence,
+                    "line": line})  # fmt: skip
+    return out
+
+
+def compare(
+    summaries: dict[str, RunSummary],
+    *,
+    kinds: Mapping[str, str],
+    healthy_groups: list[str],
+    thresholds: DistortionThresholds | None = None,
+) -> Comparison:
+    """Build the :class:`Comparison` of ``summaries`` (configuration name -> summary, in run
+    order). ``kinds`` maps configuration names to proxy kinds; the first ``none`` one is the
+    baseline."""
+    baseline = next((n for n in summaries if kinds.get(n) == "none"), None)
+    groups = group_rows(summaries)
+    return Comparison(
+        groups=groups,
+        configurations=config_rows(summaries),
+        distortion=buffering_distortion(
+            groups,
+            baseline=baseline,
+            healthy_groups=healthy_groups,
+            thresholds=thresholds,
+            saturated={n for n, s in summaries.items() if s.client_saturation.saturated},
+        ),
+        baseline=baseline,
+        healthy_groups=healthy_groups,
+    )
+
+
+def _cell(value: Any, digits: int = 1) -> str:
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+_GROUP_HEADERS = {
+    "configuration": "config", "group": "group", "requests": "n", "outcomes": "outcomes",
+    "ttft_p50_ms": "TTFT p50", "ttft_p99_ms": "TTFT p99", "itl_p50_ms": "ITL p50",
+    "itl_p99_ms": "ITL p99", "inter_chunk_p50_ms": "gap p50", "inter_chunk_p99_ms": "gap p99",
+    "inter_chunk_mean_ms": "gap mean",
+    "stalled": "stalled", "cut_seen": "cut seen", "cut_rst": "RST",
+    "stall_to_cut_p50_ms": "stall->cut p50", "stall_to_cut_max_ms": "stall->cut max",
+    "engine_aborted": "aborted", "stall_to_abort_p50_ms": "stall->abort p50",
+    "stall_to_abort_max_ms": "stall->abort max",
+}  # fmt: skip
+_CONFIG_HEADERS = {
+    "configuration": "config", "kind": "kind", "status": "status",
+    "generation_tokens": "generated tok", "undelivered_tokens": "wasted tok",
+    "undelivered_tokens_per_stalled": "wasted/stalled", "kv_cache_usage_peak_perc": "KV peak %",
+    "preemptions": "preempt", "proxy_rss_peak_bytes": "proxy RSS peak",
+    "proxy_buffered_peak_bytes": "buffered peak", "stream_buffered_peak_mean_bytes":
+    "stream buf mean", "client_send_q_peak_bytes": "client Send-Q pk",
+    "upstream_recv_q_peak_bytes": "upstream Recv-Q pk", "proxy_cuts": "cuts",
+    "proxy_upstream_aborts": "upstream aborts",
+}  # fmt: skip
+
+
+def _table_rows(frame: pd.DataFrame) -> list[list[str]]:
+    return [[_cell(v) for v in row] for row in frame.astype(object).itertuples(index=False)]
+
+
+def to_markdown(comparison: Comparison, *, title: str) -> str:
+    """The comparison as a Markdown document (two tables and the verdict lines)."""
+    lines = [f"# {title}", "", "Latencies in ms (ITL per token; gap = inter-chunk latency); "
+             "stall->cut: stall onset to the client seeing RST/FIN; stall->abort: to the "
+             "engine's abort (estimate, one scrape interval); wasted tok: output tokens the "
+             "engine generated that no client received; sizes in bytes.", ""]  # fmt: skip
+    for frame, headers in ((comparison.groups, _GROUP_HEADERS),
+                           (comparison.configurations, _CONFIG_HEADERS)):  # fmt: skip
+        cols = [headers[c] for c in frame.columns]
+        lines.append("| " + " | ".join(cols) + " |")
+        lines.append("|" + "---|" * len(cols))
+        lines += ["| " + " | ".join(r) + " |" for r in _table_rows(frame)]
+        lines.append("")
+    lines.append("## Buffering distortion")
+    lines.append("")
+    lines += [f"- {d['line']}" for d in comparison.distortion] or ["- (nothing to compare)"]
+    return "\n".join(lines) + "\n"
+
+
+def write_comparison(comparison: Comparison, run_dir: Path, *, title: str) -> None:
+    """Write ``comparison.json`` and ``comparison.md`` into ``run_dir``."""
+    (run_dir / "comparison.json").write_text(
+        json.dumps(comparison.as_dict(), indent=2, default=str) + "\n"
+    )
+    (run_dir / "comparison.md").write_text(to_markdown(comparison, title=title))
+
+
+def print_comparison(comparison: Comparison, *, title: str, console: Console | None = None) -> None:
+    """Print the comparison with rich: the per-group table, the per-configuration table, and
+    the buffering verdicts."""
+    console = console or Console(width=200)
+    for frame, headers, name in (
+        (comparison.groups, _GROUP_HEADERS, "per configuration and user group"),
+        (comparison.configurations, _CONFIG_HEADERS, "per configuration"),
+    ):
+        table = Table(title=f"{title}: {name}", title_justify="left")
+        for c in frame.columns:
+            left = c in ("configuration", "group", "outcomes", "kind", "status")
+            table.add_column(headers[c], justify="left" if left else "right", overflow="fold")
+        for row in _table_rows(frame):
+            table.add_row(*row)
+        console.print(table)
+    console.print("[dim]latencies in ms; ITL per token; gap = inter-chunk latency; sizes in "
+                  "bytes; wasted tok = generated but never received[/dim]")  # fmt: skip
+    for d in comparison.distortion:
+        style = "bold yellow" if d["status"] == "buffering" else "dim"
+        console.print(f"[{style}]{d['line']}[/{style}]")

@@ -1,0 +1,136 @@
+"""Run summary: per-group latency and outcome figures, server figures and verdicts.
+
+Written to ``summary.json`` (the model's JSON form) and printed as tables at the end of a run.
+Latencies are in milliseconds, rates in tokens per second, KV usage in percent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel
+
+from harness.runfolder import LoadWorker
+from harness.runfolder import ProxySummary
+from harness.runfolder import SaturationSummary
+from harness.analysis._stalls import generation_tokens, undelivered_tokens
+from harness.analysis._latency import inter_chunk, per_token_itl, percentile
+
+
+def _ms(values: list[float], q: float) -> float | None:
+    p = percentile(values, q)
+    return None if p is None else p * 1000.0
+
+
+def _maybe(value: Any) -> float | None:
+    return None if value is None or pd.isna(value) else float(value)
+
+
+def summarize_group(name: str, requests: pd.DataFrame, chunks: pd.DataFrame) -> GroupSummary:
+    """Summarize the rows of ``requests`` and ``chunks`` that belong to group ``name``."""
+    req = requests[requests["group"] == name]
+    ch = chunks[(chunks["group"] == name) & (chunks["tokens"] > 0)].sort_values(["request_id", "t"])
+    itl: list[float] = []
+    gaps: list[float] = []
+    for _, stream in ch.groupby("request_id", sort=False):
+        times = stream["t"].tolist()
+        itl.extend(per_token_itl(times, stream["tokens"].tolist()))
+        gaps.extend(inter_chunk(times))
+    tokens = int(req["completion_tokens"].sum()) if len(req) else 0
+    span = None
+    if len(req) and req["t_last_byte"].notna().any():
+        span = float(req["t_last_byte"].max() - req["t_send"].min())
+    peak_q = req["server_send_q_peak_bytes"].max() if len(req) else None
+    user_class = str(req["user_class"].iloc[0]) if len(req) else None
+    stalled = req[req["t_stall"].notna()] if "t_stall" in req else req.iloc[0:0]
+    cut = stalled[stalled["t_cut_seen"].notna()] if len(stalled) else stalled
+    to_cut = cut["stall_to_cut_ms"].dropna() if len(cut) else pd.Series(dtype=float)
+    to_abort = (
+        stalled["stall_to_abort_ms"].dropna()
+        if "stall_to_abort_ms" in stalled
+        else pd.Series(dtype=float)
+    )
+    rwnd = (
+        req["server_rwnd_limited_ms"].dropna()
+        if "server_rwnd_limited_ms" in req
+        else pd.Series(dtype=float)
+    )
+    return GroupSummary(
+        group=name,
+        user_class=user_class,
+        requests=len(req),
+        outcomes={str(k): int(v) for k, v in req["outcome"].value_counts().items()},
+        ttft_p50_ms=percentile(req["ttft_ms"].dropna(), 50),
+        ttft_p90_ms=percentile(req["ttft_ms"].dropna(), 90),
+        ttft_p99_ms=percentile(req["ttft_ms"].dropna(), 99),
+        itl_p50_ms=_ms(itl, 50),
+        itl_p99_ms=_ms(itl, 99),
+        inter_chunk_p50_ms=_ms(gaps, 50),
+        inter_chunk_p99_ms=_ms(gaps, 99),
+        tpot_p50_ms=percentile(req["tpot_ms"].dropna(), 50),
+        e2e_p50_ms=percentile(req["e2e_ms"].dropna(), 50),
+        output_tokens=tokens,
+        output_tokens_per_s=tokens / span if span else None,
+        server_send_q_peak_bytes=None if (q := _maybe(peak_q)) is None else int(q),
+        inter_chunk_mean_ms=float(np.mean(gaps)) * 1000.0 if gaps else None,
+        stalled=len(stalled),
+        cut_seen=len(cut),
+        cut_rst=int((cut["cut_kind"] == "rst").sum()) if len(cut) else 0,
+        stall_to_cut_p50_ms=percentile(to_cut, 50),
+        stall_to_cut_max_ms=_maybe(to_cut.max()) if len(to_cut) else None,
+        engine_aborted=len(to_abort),
+        stall_to_abort_p50_ms=percentile(to_abort, 50),
+        stall_to_abort_max_ms=_maybe(to_abort.max()) if len(to_abort) else None,
+        server_rwnd_limited_p50_ms=percentile(rwnd, 50),
+        server_rwnd_limited_max_ms=_maybe(rwnd.max()) if len(rwnd) else None,
+    )
+
+
+def summarize_server(
+    metrics: pd.DataFrame, missing: list[str], requests: pd.DataFrame | None = None
+) -> ServerSummary:
+    """Summarize the scraped time series (columns as in ``server_metrics.parquet``);
+    ``requests`` (the run's ``requests_frame``) gives ``undelivered_tokens``."""
+    ok = metrics[metrics["scrape_ok"]] if len(metrics) else metrics
+
+    def col(name: str) -> pd.Series:
+        return ok[name].dropna() if name in ok else pd.Series(dtype=float)
+
+    kv, pre = col("kv_cache_usage"), col("num_preemptions_total")
+    success = {
+        c.removeprefix("request_success_"): float(ok[c].dropna().iloc[-1] - ok[c].dropna().iloc[0])
+        for c in ok.columns
+        if c.startswith("request_success_") and ok[c].notna().any()
+    }
+    return ServerSummary(
+        kv_cache_usage_peak_perc=float(kv.max() * 100.0) if len(kv) else None,
+        preemptions=float(pre.iloc[-1] - pre.iloc[0]) if len(pre) else None,
+        running_peak=_maybe(col("num_requests_running").max()),
+        waiting_peak=_maybe(col("num_requests_waiting").max()),
+        request_success=success,
+        scrapes=len(metrics),
+        scrape_gap_max_s=_maybe(metrics["t"].diff().max()) if len(metrics) > 1 else None,
+        failed_scrapes=int((~metrics["scrape_ok"]).sum()) if len(metrics) else 0,
+        missing_metrics=missing,
+        generation_tokens=generation_tokens(metrics),
+        undelivered_tokens=None if requests is None else undelivered_tokens(metrics, requests),
+    )
+
+
+def group_names(requests: pd.DataFrame, configured: list[str]) -> list[str]:
+    """Configured group names first, then any others seen in the records."""
+    seen = [g for g in pd.unique(requests["group"]) if g not in configured] if len(requests) else []
+    return configured + [str(g) for g in seen]
+
+
+def to_builtin(value: Any) -> Any:
+    """numpy scalars to Python numbers, recursively, for JSON."""
+    if isinstance(value, dict):
+        return {k: to_builtin(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_builtin(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value

@@ -1,0 +1,185 @@
+"""Collectors: background samplers of the server's Prometheus metrics and of its TCP sockets.
+
+Each collector is a thread that samples at a fixed interval into memory until stopped; the
+run writes what they gathered even when it ends early. Timestamps are ``time.monotonic()``
+seconds, the clock the load generator's records use.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from netem import TcpDiag
+
+# Gauge and counter samples read from vLLM's /metrics (vllm/v1/metrics/loggers.py). The first
+# name found wins; vLLM before 0.10 called KV usage `vllm:gpu_cache_usage_perc`.
+SCALAR_METRICS: dict[str, tuple[str, ...]] = {
+    "kv_cache_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    "num_requests_running": ("vllm:num_requests_running",),
+    "num_requests_waiting": ("vllm:num_requests_waiting",),
+    "num_preemptions_total": ("vllm:num_preemptions_total",),
+    "generation_tokens_total": ("vllm:generation_tokens_total",),
+}
+# Histograms whose _sum and _count are kept per scrape.
+HISTOGRAM_METRICS: dict[str, str] = {
+    "ttft_seconds": "vllm:time_to_first_token_seconds",
+    "itl_seconds": "vllm:inter_token_latency_seconds",
+    "e2e_seconds": "vllm:e2e_request_latency_seconds",
+}
+SUCCESS_METRIC = "vllm:request_success_total"
+
+
+def parse_vllm_metrics(text: str) -> dict[str, float]:
+    """Extract the figures of :data:`SCALAR_METRICS`, :data:`HISTOGRAM_METRICS` (as
+    ``<name>_sum`` and ``<name>_count``) and ``request_success_<finished_reason>`` from a
+    Prometheus exposition text. Samples with several label sets (engines) are summed. A metric
+    the server lacks is absent from the result. Raises ``ValueError`` on unparsable text.
+    """
+    samples: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = sample.name
+            if sample.name == SUCCESS_METRIC:
+                key = f"{SUCCESS_METRIC}:{sample.labels.get('finished_reason', '')}"
+            elif sample.name.endswith("_bucket"):
+                continue
+            samples[key] = samples.get(key, 0.0) + float(sample.value)
+    out: dict[str, float] = {}
+    for figure, names in SCALAR_METRICS.items():
+        for name in names:
+            if name in samples:
+                out[figure] = samples[name]
+                break
+    for figure, name in HISTOGRAM_METRICS.items():
+        for suffix in ("_sum", "_count"):
+            if name + suffix in samples:
+                out[figure + suffix] = samples[name + suffix]
+    for key, value in samples.items():
+        if key.startswith(SUCCESS_METRIC + ":"):
+            out["request_success_" + key.split(":", 2)[2]] = value
+    return out
+
+
+class Sampler(threading.Thread):
+    """A daemon thread that calls :meth:`sample` every ``interval_s`` seconds until
+    :meth:`stop`; subclasses implement ``sample``."""
+
+    def __init__(self, interval_s: float, name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self.interval_s = interval_s
+        self._stop_event = threading.Event()
+
+    def sample(self) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def run(self) -> None:
+        next_t = time.monotonic()
+        while not self._stop_event.is_set():
+            self.sample()
+            next_t += self.interval_s
+            self._stop_event.wait(max(0.0, next_t - time.monotonic()))
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        if self.is_alive():
+            self.join(timeout=10)
+
+
+class MetricsScraper(Sampler):
+    """Scrapes ``{base_url}/metrics`` every ``interval_s`` seconds.
+
+    ``rows`` holds one dict per scrape: ``t`` (monotonic s), ``scrape_ok`` and the figures of
+    :func:`parse_vllm_metrics`. ``consecutive_failures`` counts scrapes in a row that got no
+    answer; ``last_error`` says what the last failed one got.
+    """
+
+    def __init__(self, base_url: str, *, interval_s: float = 0.25) -> None:
+        super().__init__(interval_s, "zw-metrics")
+        self.base_url = base_url
+        self.rows: list[dict[str, Any]] = []
+        self.consecutive_failures = 0
+        self.last_error: str | None = None
+        self._client = httpx.Client(timeout=max(1.0, interval_s * 4))
+
+    def sample(self) -> None:
+        t = time.monotonic()
+        try:
+            response = self._client.get(f"{self.base_url}/metrics")
+            response.raise_for_status()
+            figures = parse_vllm_metrics(response.text)
+        except (httpx.HTTPError, ValueError) as exc:
+            self.consecutive_failures += 1
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            self.rows.append({"t": t, "scrape_ok": False})
+            return
+        self.consecutive_failures = 0
+        self.rows.append({"t": t, "scrape_ok": True, **figures})
+
+    def missing(self) -> list[str]:
+        """The figures the server never reported in any scrape."""
+        expected = list(SCALAR_METRICS) + [f"{h}_count" for h in HISTOGRAM_METRICS]
+        seen = {k for row in self.rows for k in row}
+        return [name for name in expected if name not in seen]
+
+    def stop(self) -> None:
+        super().stop()
+        self._client.close()
+
+
+SOCKET_COLUMNS = [
+    "t", "local_port", "client_addr", "client_port", "state", "send_q_bytes", "recv_q_bytes",
+    "snd_wnd_bytes", "rtt_ms", "retransmits", "zero_window_probes", "busy_ms",
+    "rwnd_limited_ms", "sndbuf_limited_ms",
+]  # fmt: skip
+
+
+class SocketSampler(Sampler):
+    """Samples the server's TCP connections on ``ports`` (the target's and the proxy's
+    listening ports) every ``interval_s`` seconds through ``inet_diag`` (:mod:`netem._diag`),
+    inside network namespace ``netns`` (``None``: the harness's own).
+
+    ``rows`` holds one dict per connection and sample with the keys of
+    :data:`SOCKET_COLUMNS` (``local_port`` is the server's port, ``client_*`` the peer's);
+    listening and TIME_WAIT sockets are left out. ``last_error`` says why a sample failed.
+    """
+
+    def __init__(
+        self, ports: int | set[int], *, interval_s: float = 0.1, netns: str | None = None
+    ) -> None:
+        super().__init__(interval_s, "zw-sockets")
+        self.ports = {ports} if isinstance(ports, int) else set(ports)
+        self.netns = netns
+        self.rows: list[dict[str, Any]] = []
+        self.last_error: str | None = None
+        self._diag: TcpDiag | None = None
+
+    def sample(self) -> None:
+        t = time.monotonic()
+        try:
+            if self._diag is None:
+                self._diag = TcpDiag(netns=self.netns)
+            conns = self._diag.connections(self.ports)
+        except Exception as exc:  # a failed sample is a gap, not the end of the run
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            self._close()
+            return
+        for c in conns:
+            row = c.row()
+            row["client_addr"] = row.pop("remote_addr")
+            row["client_port"] = row.pop("remote_port")
+            del row["local_addr"]
+            self.rows.append({"t": t, **row})
+
+    def _close(self) -> None:
+        if self._diag is not None:
+            self._diag.close()
+            self._diag = None
+
+    def stop(self) -> None:
+        super().stop()
+        self._close()

@@ -1,0 +1,193 @@
+"""What a proxy costs and holds while a run goes through it: memory and buffered bytes.
+
+:class:`ProxyProbe` samples, every ``interval_s``:
+
+- ``rss_bytes``: resident memory of the proxy's process tree (the process the run started and
+  all its descendants: nginx's master and workers), from ``/proc`` via psutil;
+- ``buffered_bytes``: response bytes the proxy holds in user space: for ``egress`` its
+  ``zerowindow_egress_buffered_bytes`` gauge (all streams); for ``nginx`` the size of the
+  temporary files under ``<run>/nginx/proxy_temp`` (what spilled beyond ``proxy_buffers``; the
+  in-memory buffers themselves are not observable from outside);
+- per connection, in the kernel: ``client_send_q_bytes`` (Send-Q of the proxy's sockets that
+  face the clients: bytes written but not yet acknowledged by a client) and
+  ``upstream_recv_q_bytes`` (Recv-Q of the proxy's sockets that face the target: bytes the
+  target sent that the proxy has not read yet), from ``/proc/net/tcp``.
+
+:func:`proxy_summary` turns the samples into a :class:`ProxySummary`. For ``egress`` it adds the
+mean of the per-stream peak buffered bytes (the rise of the
+``zerowindow_egress_stream_peak_buffered_bytes`` histogram's ``_sum`` over its ``_count``), and
+its cuts and upstream aborts.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+from prometheus_client.parser import text_string_to_metric_families
+from pydantic import BaseModel
+
+from harness.collectors._collectors import Sampler
+from netem import tcp_sockets
+
+_EGRESS = "zerowindow_egress"
+
+
+def tree_rss_bytes(pid: int) -> int | None:
+    """Summed RSS (bytes) of process ``pid`` and all its descendants, ``None`` if it is gone."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return None
+    return procs_rss_bytes(procs)
+
+
+def procs_rss_bytes(procs: list[psutil.Process]) -> int:
+    """Summed RSS (bytes) of ``procs``; a process that is gone counts 0."""
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            continue
+    return total
+
+
+def dir_bytes(path: Path) -> int:
+    """Total size (bytes) of the regular files under ``path`` (0 if it does not exist)."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.stat(os.path.join(root, f)).st_size
+            except OSError:
+                continue
+    return total
+
+
+def parse_egress_metrics(text: str) -> dict[str, float]:
+    """The egress buffer's figures from its exposition text: ``buffered_bytes``, ``cuts`` and
+    ``upstream_aborts`` (summed over reasons), ``cuts_<reason>`` (``stall_timeout``,
+    ``overflow``), ``stream_peak_sum``/``stream_peak_count`` (the
+    per-stream peak buffered bytes histogram). Raises ``ValueError`` on unparsable text."""
+    out: dict[str, float] = {}
+    names = {
+        f"{_EGRESS}_buffered_bytes": "buffered_bytes",
+        f"{_EGRESS}_cuts_total": "cuts",
+        f"{_EGRESS}_upstream_aborts_total": "upstream_aborts",
+        f"{_EGRESS}_stream_peak_buffered_bytes_sum": "stream_peak_sum",
+        f"{_EGRESS}_stream_peak_buffered_bytes_count": "stream_peak_count",
+    }
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = names.get(sample.name)
+            if key is not None:
+                out[key] = out.get(key, 0.0) + float(sample.value)
+            if key == "cuts" and "reason" in sample.labels:
+                name = f"cuts_{sample.labels['reason']}"
+                out[name] = out.get(name, 0.0) + float(sample.value)
+    return out
+
+
+class ProxyProbe(Sampler):
+    """Samples a running proxy every ``interval_s`` (see the module docstring).
+
+    ``pid``: the proxy's process (``None``: no process, only sockets are sampled);
+    ``client_port``: the port clients connect to; ``target_port``: the target's port;
+    ``metrics_url``: the egress buffer's metrics; ``temp_dir``: nginx's ``proxy_temp``.
+    ``rows`` holds one dict per sample: ``t`` (monotonic s), ``rss_bytes``, ``buffered_bytes``,
+    ``client_send_q_bytes``, ``upstream_recv_q_bytes`` (per-connection maxima) and the egress
+    counters of :func:`parse_egress_metrics`.
+    """
+
+    def __init__(
+        self,
+        *,
+        pid: int | None,
+        client_port: int,
+        target_port: int,
+        metrics_url: str | None = None,
+        temp_dir: Path | None = None,
+        interval_s: float = 0.25,
+    ) -> None:
+        super().__init__(interval_s, "zw-proxy-probe")
+        self.pid = pid
+        self.client_port = client_port
+        self.target_port = target_port
+        self.metrics_url = metrics_url
+        self.temp_dir = temp_dir
+        self.rows: list[dict[str, Any]] = []
+        self._client = httpx.Client(timeout=max(1.0, interval_s * 4))
+
+    def sample(self) -> None:
+        row: dict[str, Any] = {"t": time.monotonic()}
+        if self.pid is not None:
+            row["rss_bytes"] = tree_rss_bytes(self.pid)
+        send_q, recv_q = 0, 0
+        for s in tcp_sockets():
+            if s.state == "LISTEN":
+                continue
+            if s.local_port == self.client_port:
+                send_q = max(send_q, s.send_q_bytes)
+            elif s.remote_port == self.target_port and s.local_port != self.target_port:
+                recv_q = max(recv_q, s.recv_q_bytes)
+        row["client_send_q_bytes"] = send_q
+        row["upstream_recv_q_bytes"] = recv_q
+        if self.temp_dir is not None:
+            row["buffered_bytes"] = dir_bytes(self.temp_dir)
+        if self.metrics_url is not None:
+            try:
+                response = self._client.get(self.metrics_url)
+                response.raise_for_status()
+                row.update(parse_egress_metrics(response.text))
+            except (httpx.HTTPError, ValueError):
+                pass
+        self.rows.append(row)
+
+    def stop(self) -> None:
+        """Stop sampling (takes one last sample first). Safe to call more than once."""
+        if self.is_alive():
+            super().stop()
+            self.sample()
+        self._client.close()
+
+
+def _peak(rows: list[dict[str, Any]], key: str) -> int | None:
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return int(max(values)) if values else None
+
+
+def _rise(rows: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return float(values[-1] - values[0]) if values else None
+
+
+def proxy_summary(name: str, kind: str, rows: list[dict[str, Any]]) -> ProxySummary:
+    """Summarize a :class:`ProxyProbe`'s rows (peaks of the gauges, rises of the counters)."""
+    mean = None
+    peak_sum, peak_count = _rise(rows, "stream_peak_sum"), _rise(rows, "stream_peak_count")
+    if peak_sum is not None and peak_count:
+        mean = peak_sum / peak_count
+    has_process = kind != "none"
+    return ProxySummary(
+        name=name,
+        kind=kind,
+        rss_peak_bytes=_peak(rows, "rss_bytes"),
+        buffered_peak_bytes=_peak(rows, "buffered_bytes"),
+        stream_buffered_peak_mean_bytes=mean,
+        client_send_q_peak_bytes=_peak(rows, "client_send_q_bytes") if has_process else None,
+        upstream_recv_q_peak_bytes=_peak(rows, "upstream_recv_q_bytes") if has_process else None,
+        cuts=_rise(rows, "cuts"),
+        upstream_aborts=_rise(rows, "upstream_aborts"),
+        samples=len(rows),
+        cut_reasons={
+            key.removeprefix("cuts_"): rise
+            for key in sorted({k for r in rows for k in r if k.startswith("cuts_")})
+            if (rise := _rise(rows, key))
+        },
+    )

@@ -1,0 +1,100 @@
+"""Load processes: one headless Locust process per user group.
+
+Each group runs ``locust -f loadgen/locustfile.py --headless`` with its own configuration file,
+log and records file in the run folder; Locust's own summary statistics end the log.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import loadgen
+from harness.servers._process import start_process, stop_process_group
+from loadgen import UserGroupConfig
+from loadgen import SATURATION_ENV
+
+LOCUSTFILE = Path(loadgen.__file__).with_name("locustfile.py")
+
+
+@dataclass
+class LoadProcess:
+    """A running Locust process of one group."""
+
+    group: str
+    argv: list[str]
+    proc: subprocess.Popen[bytes]
+    records_path: Path
+    log_path: Path
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, *, grace_s: float = 10.0) -> int | None:
+        return stop_process_group(self.proc, grace_s=grace_s)
+
+    def describe(self) -> dict[str, Any]:
+        """What ``run.json`` keeps of this load process."""
+        return {"group": self.group, "argv": self.argv}
+
+
+def records_path(run_dir: Path, group: str) -> Path:
+    """Where group ``group``'s load process appends its request records."""
+    return run_dir / f"records-{group}.jsonl"
+
+
+def saturation_path(run_dir: Path, group: str) -> Path:
+    """Where group ``group``'s load process appends its CPU and loop-lag samples."""
+    return run_dir / f"saturation-{group}.jsonl"
+
+
+def start_load(
+    group: UserGroupConfig,
+    *,
+    run_dir: Path,
+    host: str,
+    model: str,
+    seed: int,
+    max_duration_s: float,
+    netns: str | None = None,
+) -> LoadProcess:
+    """Write the group's configuration and start its Locust process (inside network namespace
+    ``netns``, if given). Raises ``OSError`` if Locust cannot be started."""
+    config_path = run_dir / f"group-{group.name}.json"
+    rec_path = records_path(run_dir, group.name)
+    config_path.write_text(
+        json.dumps(
+            {
+                "group": group.model_dump(mode="json"),
+                "host": host,
+                "model": model,
+                "records_path": str(rec_path),
+                "seed": seed,
+            },
+            indent=2,
+        )
+    )
+    argv = [
+        sys.executable, "-m", "locust",
+        "-f", str(LOCUSTFILE),
+        "--headless",
+        "--host", host,
+        "-u", str(group.users),
+        "-r", str(group.users),
+        "--run-time", f"{max(1, int(max_duration_s))}s",
+        "--stop-timeout", "5",
+        "--only-summary",
+        "--zw-group-config", str(config_path),
+    ]  # fmt: skip
+    log_path = run_dir / f"locust-{group.name}.log"
+    proc = start_process(
+        argv,
+        log_path=log_path,
+        env={SATURATION_ENV: str(saturation_path(run_dir, group.name))},
+        netns=netns,
+    )
+    return LoadProcess(group.name, argv, proc, rec_path, log_path)

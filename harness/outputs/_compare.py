@@ -1,0 +1,187 @@
+"""Comparison of runs: their figures (``harness.runfolder._figures``) side by side, with ratios against
+the first run, as a terminal table, markdown, CSV, JSON, or an HTML page with overlaid TTFT and
+ITL CDFs per user class.
+"""
+
+from __future__ import annotations
+
+import csv
+import fnmatch
+import io
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from markupsafe import Markup
+from pydantic import ValidationError
+from rich.table import Table
+
+from harness.runfolder import figures
+from harness.outputs._report import fmt_number
+from harness.outputs._report._data import ReportError, RunData, itl_ms, load_run, ttft_ms, user_classes
+from harness.outputs._report._plots import cdf_figure, fragment, plotly_js
+from harness.runfolder import RunSummary
+
+FORMATS = ("table", "markdown", "csv", "json")
+
+
+@dataclass
+class FigureRow:
+    """One figure across the runs: ``values[i]`` of run ``i`` and ``ratios[i]`` =
+    ``values[i] / values[0]`` (``None`` when either is missing or the first is 0)."""
+
+    name: str
+    values: list[float | None]
+    ratios: list[float | None]
+
+
+@dataclass
+class Comparison:
+    """Runs (``labels[i]`` names ``runs[i]``) and their figures, in figure-name order."""
+
+    runs: list[RunData]
+    labels: list[str]
+    rows: list[FigureRow]
+
+
+def _summary(data: RunData) -> RunSummary:
+    try:
+        return RunSummary.model_validate(data.summary)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise ReportError(
+            f"{data.run_dir / 'summary.json'}: {where}: {err['msg']} "
+            "(written by an older zerowindow?)"
+        ) from None
+
+
+def _labels(runs: list[RunData]) -> list[str]:
+    scenarios = {r.summary.get("scenario") for r in runs}
+    labels = [r.run_dir.name if len(scenarios) == 1 else r.label for r in runs]
+    if len(set(labels)) < len(labels):
+        labels = [f"{i + 1}:{label}" for i, label in enumerate(labels)]
+    return labels
+
+
+def _ratio(value: float | None, first: float | None) -> float | None:
+    if value is None or first is None or first == 0:
+        return None
+    return value / first
+
+
+def compare_runs(run_dirs: Sequence[Path], only: Sequence[str] = ()) -> Comparison:
+    """Read the runs' ``summary.json`` and line up their figures. ``only`` keeps the figures
+    whose name matches any of these shell patterns (``fast.ttft_*``, ``server.*``). Raises
+    :class:`ReportError` for a folder that cannot be read or an incompatible ``summary.json``,
+    and ``ValueError`` when ``only`` matches no figure."""
+    runs = [load_run(Path(d), with_records=False) for d in run_dirs]
+    tables = [figures(_summary(r)) for r in runs]
+    names = list(dict.fromkeys(n for t in tables for n in sorted(t)))
+    if only:
+        names = [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in only)]
+        if not names:
+            raise ValueError(f"--only {' '.join(only)}: matches no figure")
+    rows = []
+    for name in names:
+        values = [t.get(name) for t in tables]
+        rows.append(FigureRow(name, values, [_ratio(v, values[0]) for v in values]))
+    return Comparison(runs, _labels(runs), rows)
+
+
+def _ratio_text(ratio: float | None) -> str:
+    return "-" if ratio is None else f"×{ratio:.2f}"
+
+
+def _header(c: Comparison) -> list[str]:
+    head = ["figure", c.labels[0]]
+    for label in c.labels[1:]:
+        head += [label, f"ratio {label}"]
+    return head
+
+
+def _cells(row: FigureRow, number: Any = fmt_number, ratio: Any = _ratio_text) -> list[str]:
+    cells = [row.name, number(row.values[0])]
+    for v, r in zip(row.values[1:], row.ratios[1:], strict=True):
+        cells += [number(v), ratio(r)]
+    return cells
+
+
+def rich_table(c: Comparison) -> Table:
+    """The comparison as a rich table; ratios are against the first run."""
+    table = Table(title=f"figures, ratios against {c.labels[0]}", title_justify="left")
+    for i, col in enumerate(_header(c)):
+        table.add_column(col, justify="left" if i == 0 else "right")
+    for row in c.rows:
+        table.add_row(*_cells(row))
+    return table
+
+
+def to_markdown(c: Comparison) -> str:
+    """A GitHub-flavoured markdown table."""
+    head = _header(c)
+    lines = ["| " + " | ".join(head) + " |", "| --- |" + " ---: |" * (len(head) - 1)]
+    lines += ["| " + " | ".join(_cells(row)) + " |" for row in c.rows]
+    return "\n".join(lines) + "\n"
+
+
+def to_csv(c: Comparison) -> str:
+    """CSV with the raw numbers (empty cell: not measured)."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(_header(c))
+    raw = lambda v: "" if v is None else repr(v)  # noqa: E731
+    for row in c.rows:
+        writer.writerow(_cells(row, number=raw, ratio=raw))
+    return buf.getvalue()
+
+
+def to_json(c: Comparison) -> str:
+    """``{"runs": [{label, run_dir, scenario, status}], "figures": [{name, values, ratios}]}``."""
+    runs = [
+        {"label": label, "run_dir": str(r.run_dir), "scenario": r.summary.get("scenario"),
+         "status": r.summary.get("status")}
+        for label, r in zip(c.labels, c.runs, strict=True)
+    ]  # fmt: skip
+    rows = [{"name": r.name, "values": r.values, "ratios": r.ratios} for r in c.rows]
+    return json.dumps({"runs": runs, "figures": rows}, indent=2) + "\n"
+
+
+def render(c: Comparison, fmt: str) -> str:
+    """The comparison in ``fmt`` (``markdown``, ``csv`` or ``json``)."""
+    return {"markdown": to_markdown, "csv": to_csv, "json": to_json}[fmt](c)
+
+
+def html_page(c: Comparison) -> str:
+    """A self-contained HTML page: the table, then per user class the TTFT and per-token ITL
+    CDFs of every run overlaid (plotly.js inlined)."""
+    for run in c.runs:  # the CDFs need the per-request and per-chunk tables
+        if run.requests.empty:
+            raise ReportError(f"{run.run_dir / 'requests.parquet'}: missing or empty")
+    classes = list(dict.fromkeys(u for r in c.runs for u in user_classes(r)))
+    plots = []
+    for i, cls in enumerate(classes):
+        pairs = list(zip(c.labels, c.runs, strict=True))
+        ttft = cdf_figure({lb: ttft_ms(r, cls) for lb, r in pairs}, title=f"{cls}: TTFT", unit="ms")
+        itl = cdf_figure(
+            {lb: itl_ms(r, cls) for lb, r in pairs}, title=f"{cls}: ITL per token", unit="ms"
+        )
+        plots.append({
+            "user_class": cls,
+            "ttft": Markup(fragment(ttft, f"ttft-{i}")),
+            "itl": Markup(fragment(itl, f"itl-{i}")),
+        })  # fmt: skip
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(Path(__file__).parent / "_report")), autoescape=True
+    )
+    return env.get_template("compare.html.j2").render(
+        labels=c.labels,
+        runs=c.runs,
+        header=_header(c),
+        rows=[_cells(row) for row in c.rows],
+        plots=plots,
+        plotly_js=Markup(plotly_js()),
+    )

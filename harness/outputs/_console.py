@@ -1,0 +1,82 @@
+"""Terminal output of a run: one table per user group, one for the server, the verdict line."""
+
+from __future__ import annotations
+
+import sys
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from harness.gates._evaluate import GateResult
+from harness.runfolder import RunSummary
+
+
+def _f(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def print_summary(summary: RunSummary, *, run_dir: str, console: Console | None = None) -> None:
+    """Print ``summary`` as tables; latencies in ms."""
+    # Off a terminal rich assumes 80 columns, too narrow for the group table.
+    console = console or Console(width=None if sys.stdout.isatty() else 160)
+    groups = Table(title=f"{summary.scenario}: user groups", title_justify="left")
+    for col in (
+        "group", "requests", "outcomes", "TTFT p50", "TTFT p90", "TTFT p99",
+        "ITL p50", "ITL p99", "chunk gap p50", "chunk gap p99", "tokens/s",
+    ):  # fmt: skip
+        groups.add_column(col, justify="left" if col in ("group", "outcomes") else "right")
+    for g in summary.groups:
+        groups.add_row(
+            g.group,
+            str(g.requests),
+            ", ".join(f"{k} {v}" for k, v in sorted(g.outcomes.items())),
+            _f(g.ttft_p50_ms), _f(g.ttft_p90_ms), _f(g.ttft_p99_ms),
+            _f(g.itl_p50_ms, 2), _f(g.itl_p99_ms, 2),
+            _f(g.inter_chunk_p50_ms, 2), _f(g.inter_chunk_p99_ms, 2),
+            _f(g.output_tokens_per_s),
+        )  # fmt: skip
+    console.print(groups)
+    console.print("[dim]latencies in ms; ITL per token; chunk gap = inter-chunk latency[/dim]")
+    s = summary.server
+    server = Table(title="server", title_justify="left")
+    for col in ("peak KV usage %", "preemptions", "peak running", "peak waiting", "missing"):
+        server.add_column(col, justify="right")
+    server.add_row(
+        _f(s.kv_cache_usage_peak_perc),
+        _f(s.preemptions, 0),
+        _f(s.running_peak, 0),
+        _f(s.waiting_peak, 0),
+        ", ".join(s.missing_metrics) or "-",
+    )
+    console.print(server)
+    console.print(summary.verdicts["kv_held_by_undelivered_streams"]["line"])
+    saturation = summary.client_saturation
+    style = "bold yellow" if saturation.saturated else "dim"
+    console.print(f"[{style}]{saturation.message}[/{style}]")
+    if summary.failure:
+        console.print(f"[bold red]run {summary.status}: {summary.failure}[/bold red]")
+    console.print(f"results: {run_dir}")
+
+
+def print_gates(gates: list[GateResult], *, exit_code: int, console: Console | None = None) -> None:
+    """Print the gate results (nothing when the scenario declares none) and the exit code."""
+    if not gates:
+        return
+    console = console or Console(width=None if sys.stdout.isatty() else 160)
+    table = Table(title="gates", title_justify="left")
+    for col in ("", "gate", "reason"):
+        table.add_column(col)
+    for g in gates:
+        mark = "[green]pass[/green]" if g.passed else "[bold red]FAIL[/bold red]"
+        mark = "[yellow]skip[/yellow]" if g.skipped else mark
+        table.add_row(mark, escape(g.gate), escape(g.reason))
+    console.print(table)
+    failed = sum(not g.passed for g in gates)
+    skipped = sum(g.skipped for g in gates)
+    style = "bold red" if failed else "green"
+    note = f", {skipped} skipped" if skipped else ""
+    console.print(
+        f"[{style}]{len(gates) - failed - skipped} of {len(gates)} gates passed{note}"
+        f"[/{style}] (exit {exit_code})"
+    )

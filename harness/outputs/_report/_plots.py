@@ -1,0 +1,169 @@
+"""Plotly figures of the report and the comparison, rendered as HTML fragments.
+
+Every fragment is a ``<div>`` plus the script that draws it; plotly.js itself is inlined once
+per page (:func:`plotly_js`), so a page needs no network (plotly's ``to_html`` with
+``include_plotlyjs=False``; https://plotly.com/python/interactive-html-export/).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.offline import get_plotlyjs
+from plotly.subplots import make_subplots
+
+from harness.outputs._report._data import (
+    RunData,
+    bin_width_s,
+    cdf,
+    events,
+    itl_ms,
+    load_sockets,
+    ok_metrics,
+    preemptions_per_s,
+    rwnd_column,
+    slowest_connections,
+    tokens_per_s,
+    ttft_ms,
+    user_classes,
+)
+
+EVENT_STYLE = {  # kind -> (row label, marker symbol, colour)
+    "phase": ("phase", "diamond", "#444444"),
+    "stall": ("stall onset", "triangle-down", "#e69f00"),
+    "abort": ("client abort", "x", "#d55e00"),
+    "cut": ("RST / cut", "square", "#cc0000"),
+}
+CONFIG = {"displaylogo": False, "responsive": True}
+
+
+def plotly_js() -> str:
+    """The plotly.js bundle shipped with the ``plotly`` package (about 4.7 MB)."""
+    return get_plotlyjs()
+
+
+def fragment(fig: go.Figure, div_id: str) -> str:
+    """``fig`` as a ``<div id=div_id class="plotly-graph-div">`` and its drawing script."""
+    return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id, config=CONFIG)
+
+
+def timeline(data: RunData) -> go.Figure:
+    """Rows on one shared time axis (s since the first measurement): events, KV cache usage,
+    running/waiting requests, preemptions/s, output tokens/s per user class and, when sockets
+    were sampled, Send-Q of the slowest connections and their rwnd-limited time."""
+    m = ok_metrics(data)
+    socks = load_sockets(data)
+    slowest = slowest_connections(socks)
+    rwnd = rwnd_column(socks) if slowest else None
+    rows = ["events", "KV cache usage (%)", "requests", "preemptions / s", "output tokens / s"]
+    if slowest:
+        rows.append("Send-Q (bytes), slowest connections")
+    if rwnd:
+        rows.append(f"{rwnd}, slowest connections")
+    heights = [0.6] + [1.0] * (len(rows) - 1)
+    fig = make_subplots(
+        rows=len(rows), cols=1, shared_xaxes=True, vertical_spacing=0.035,
+        subplot_titles=rows, row_heights=heights,
+    )  # fmt: skip
+    _events_row(fig, data)
+    if "kv_cache_usage" in m:
+        fig.add_trace(_line(m["s"], m["kv_cache_usage"] * 100.0, "KV cache usage %"), 2, 1)
+        fig.update_yaxes(range=[0, 105], row=2, col=1)
+    for col, name in (("num_requests_running", "running"), ("num_requests_waiting", "waiting")):
+        if col in m:
+            fig.add_trace(_line(m["s"], m[col], name), 3, 1)
+    rate = preemptions_per_s(m)
+    if rate is not None:
+        fig.add_trace(_line(m["s"], rate, "preemptions/s"), 4, 1)
+    width = bin_width_s(data)
+    for name, series in tokens_per_s(data).items():
+        trace = _line(series.index + width / 2, series.to_numpy(), f"{name} tokens/s")
+        fig.add_trace(trace, 5, 1)
+    if slowest:
+        total = socks.groupby("s")["send_q_bytes"].sum()
+        fig.add_trace(
+            go.Scatter(x=total.index, y=total.to_numpy(), name="Send-Q all load connections",
+                       mode="lines", line={"width": 1, "dash": "dot", "color": "#555"}),
+            6, 1,
+        )  # fmt: skip
+    for conn in slowest:
+        c = socks[socks["conn"] == conn]
+        fig.add_trace(_line(c["s"], c["send_q_bytes"], f"Send-Q {conn}"), 6, 1)
+        if rwnd:
+            fig.add_trace(_line(c["s"], c[rwnd], f"{rwnd} {conn}"), 7, 1)
+    for ev in events(data):
+        if ev.kind == "phase":
+            fig.add_vline(x=ev.s, line={"dash": "dot", "color": "#888", "width": 1})
+    _legend_per_row(fig, len(rows))
+    fig.update_xaxes(title_text="seconds since the first measurement", row=len(rows), col=1)
+    fig.update_xaxes(showspikes=True, spikemode="across", spikethickness=1)
+    fig.update_layout(
+        height=170 * len(rows) + 60, margin={"l": 60, "r": 190, "t": 40, "b": 50},
+        hovermode="x", template="plotly_white",
+    )  # fmt: skip
+    return fig
+
+
+def _legend_per_row(fig: go.Figure, n_rows: int) -> None:
+    """Give each row its own legend beside it (plotly's ``legend2``, ``legend3`` ...)."""
+    for trace in fig.data:
+        row = int(trace.yaxis[1:] or 1)
+        trace.legend = "legend" if row == 1 else f"legend{row}"
+    for row in range(1, n_rows + 1):
+        top = fig.layout[f"yaxis{row if row > 1 else ''}"].domain[1]
+        name = "legend" if row == 1 else f"legend{row}"
+        fig.layout[name] = {"y": top, "yanchor": "top", "x": 1.01, "xanchor": "left",
+                            "font": {"size": 11}, "tracegroupgap": 2}  # fmt: skip
+
+
+def _line(x: object, y: object, name: str) -> go.Scatter:
+    return go.Scatter(x=x, y=y, name=name, mode="lines", line={"width": 1.5})
+
+
+def _events_row(fig: go.Figure, data: RunData) -> None:
+    evs = events(data)
+    labels = [label for label, _, _ in EVENT_STYLE.values()]
+    for kind, (label, symbol, colour) in EVENT_STYLE.items():
+        mine = [e for e in evs if e.kind == kind]
+        if not mine:
+            continue
+        fig.add_trace(
+            go.Scatter(
+                x=[e.s for e in mine], y=[label] * len(mine), mode="markers", name=label,
+                text=[e.text for e in mine], hovertemplate="%{x:.2f} s: %{text}<extra></extra>",
+                marker={"symbol": symbol, "color": colour, "size": 9},
+            ),
+            1, 1,
+        )  # fmt: skip
+    fig.update_yaxes(type="category", categoryorder="array", categoryarray=labels, row=1, col=1)
+
+
+def cdf_figure(series: dict[str, np.ndarray], *, title: str, unit: str) -> go.Figure:
+    """Overlaid empirical CDFs, one trace per name, on a log x axis (values ≤ 0 dropped)."""
+    fig = go.Figure()
+    for name, values in series.items():
+        x, p = cdf(values[values > 0])
+        if x.size:
+            x, p = np.concatenate(([x[0]], x)), np.concatenate(([0.0], p))  # rise from 0
+            fig.add_trace(
+                go.Scatter(
+                    x=x, y=p, name=f"{name} (n={values.size})", mode="lines",
+                    line={"shape": "hv", "width": 2},
+                    hovertemplate=f"%{{x:.2f}} {unit}: %{{y:.3f}}<extra>{name}</extra>",
+                )
+            )  # fmt: skip
+    fig.update_layout(
+        title=title, height=360, template="plotly_white",
+        margin={"l": 60, "r": 20, "t": 50, "b": 50},
+        xaxis={"type": "log", "title": unit, "dtick": "D2"},
+        yaxis={"title": "fraction ≤ x", "range": [0, 1.02]},
+    )  # fmt: skip
+    return fig
+
+
+def class_cdfs(data: RunData) -> tuple[go.Figure, go.Figure]:
+    """TTFT and per-token ITL CDFs, one trace per user class."""
+    classes = user_classes(data)
+    ttft = cdf_figure({c: ttft_ms(data, c) for c in classes}, title="TTFT", unit="ms")
+    itl = cdf_figure({c: itl_ms(data, c) for c in classes}, title="ITL per token", unit="ms")
+    return ttft, itl

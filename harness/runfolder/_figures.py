@@ -1,0 +1,86 @@
+"""Figures: a run summary flattened into named numbers, for gates, comparisons and reports.
+
+Names (units in the name, as in ``summary.json``):
+
+- ``<group>.<field>`` for every numeric field of :class:`~harness.runfolder.GroupSummary`
+  (``fast.ttft_p99_ms``, ``slow.output_tokens`` ...) and ``<group>.outcome.<outcome>`` for the
+  outcome counts (``slow.outcome.client_abort``; an outcome that never happened counts 0);
+- ``server.<field>`` for every numeric field of :class:`~harness.runfolder.ServerSummary`
+  (``server.preemptions``, ``server.kv_cache_usage_peak_perc`` ...);
+- ``proxy.<field>`` for every numeric field of :class:`~harness.runfolder.ProxySummary`
+  (``proxy.rss_peak_bytes`` ...) when the run had a proxy summary;
+- run-level figures: ``duration_s``, ``client_saturated`` (1 or 0), and the KV-held verdict's
+  ``kv_held_after_finish_s``, ``kv_held_peak_perc``, ``kv_seconds``,
+  ``undelivered_peak_bytes``.
+
+A figure that was not measured (for example ITL of a group that got no tokens) is ``None``.
+New numeric fields of the summary models become figures without changes here.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from collections.abc import Iterable
+from typing import Any
+
+from pydantic import BaseModel
+
+from harness.runfolder._schema import GroupSummary, ProxySummary, RunSummary, ServerSummary
+from loadgen import OUTCOMES
+
+# Run-level figure name -> key in the kv_held_by_undelivered_streams verdict.
+_KV_VERDICT = {
+    "kv_held_after_finish_s": "kv_held_s",
+    "kv_held_peak_perc": "kv_held_peak_perc",
+    "kv_seconds": "kv_seconds",
+    "undelivered_peak_bytes": "undelivered_peak_bytes",
+}
+RUN_FIGURES = ("duration_s", "client_saturated", *_KV_VERDICT)
+
+
+def _is_number_type(annotation: Any) -> bool:
+    args = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else ()
+    kinds = set(args or (annotation,)) - {type(None)}
+    return bool(kinds) and kinds <= {int, float}
+
+
+def numeric_fields(model: type[BaseModel]) -> list[str]:
+    """Names of the fields of ``model`` typed ``int``/``float`` (optionally ``None``)."""
+    return [n for n, f in model.model_fields.items() if _is_number_type(f.annotation)]
+
+
+def figure_names(groups: Iterable[str]) -> list[str]:
+    """Every valid figure name for a scenario with these user group names, sorted."""
+    names = list(RUN_FIGURES)
+    names += [f"server.{f}" for f in numeric_fields(ServerSummary)]
+    names += [f"proxy.{f}" for f in numeric_fields(ProxySummary)]
+    for g in groups:
+        names += [f"{g}.{f}" for f in numeric_fields(GroupSummary)]
+        names += [f"{g}.outcome.{o}" for o in OUTCOMES]
+    return sorted(names)
+
+
+def figures(summary: RunSummary) -> dict[str, float | None]:
+    """The run's figures by name (see the module docstring). Values are floats or ``None``."""
+    out: dict[str, float | None] = {
+        "duration_s": summary.duration_s,
+        "client_saturated": 1.0 if summary.client_saturation.saturated else 0.0,
+    }
+    kv = summary.verdicts.get("kv_held_by_undelivered_streams", {})
+    for name, key in _KV_VERDICT.items():
+        out[name] = _float(kv.get(key))
+    for f in numeric_fields(ServerSummary):
+        out[f"server.{f}"] = _float(getattr(summary.server, f))
+    for f in numeric_fields(ProxySummary):
+        out[f"proxy.{f}"] = None if summary.proxy is None else _float(getattr(summary.proxy, f))
+    for g in summary.groups:
+        for f in numeric_fields(GroupSummary):
+            out[f"{g.group}.{f}"] = _float(getattr(g, f))
+        for o in sorted(set(OUTCOMES) | set(g.outcomes)):
+            out[f"{g.group}.outcome.{o}"] = float(g.outcomes.get(o, 0))
+    return out
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)

@@ -1,0 +1,54 @@
+"""The run folder's file names, each defined once, and where a run folder is made.
+
+``results/README.md`` says what each file holds. Per-group files of the load processes
+(``records-<group>[@<worker>].jsonl``, ``saturation-...``) are named by ``loadgen``, which
+writes them.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+from loadgen import group_files
+
+RUN_JSON = "run.json"
+SUMMARY_JSON = "summary.json"
+GATES_JSON = "gates.json"
+JUNIT_XML = "junit.xml"
+REPORT_HTML = "report.html"
+SCENARIO_TOML = "scenario.toml"
+ERROR_LOG = "error.log"
+REQUESTS = "requests.parquet"
+CHUNKS = "chunks.parquet"
+SERVER_METRICS = "server_metrics.parquet"
+SOCKETS = "sockets.parquet"
+PROXY = "proxy.parquet"
+WIRE = "wire.parquet"
+COMPARISON_MD = "comparison.md"
+COMPARISON_JSON = "comparison.json"
+COMPARISON_RUN_JSON = "comparison-run.json"
+
+
+def records_files(run_dir: Path, group: str) -> list[Path]:
+    """The records files of ``group`` (one per process that wrote any), sorted."""
+    return group_files(run_dir, "records", group)
+
+
+def saturation_files(run_dir: Path, group: str) -> list[Path]:
+    """The saturation files of ``group``; a group that was never sampled still names its
+    single-process file, so that the summary says it is missing."""
+    return group_files(run_dir, "saturation", group) or [run_dir / f"saturation-{group}.jsonl"]
+
+
+def new_run_dir(out_root: Path, scenario: str) -> Path:
+    """``out_root/<scenario>/<UTC timestamp>/``, created; a suffix keeps it unique. Raises
+    ``OSError`` if it cannot be created."""
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    base = out_root / scenario / stamp
+    run_dir, n = base, 1
+    while run_dir.exists():
+        n += 1
+        run_dir = base.with_name(f"{stamp}-{n}")
+    run_dir.mkdir(parents=True)
+    return run_dir

@@ -1,0 +1,179 @@
+"""The schema of ``summary.json``: a run's figures per user group, of the server, of the proxy,
+of the load processes, and its verdicts. Latencies in ms, rates in tokens/s, sizes in bytes,
+KV usage in percent (``results/README.md`` lists every field).
+
+These models are the figure namespace (:mod:`harness.runfolder._figures`): gates, baselines,
+comparisons and reports all read a run through them; :mod:`harness.analysis` fills them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+
+class ProcessSaturation(BaseModel):
+    """Figures of one load process (one ``pid`` in one file). CPU in percent of one core, lag
+    in ms, fractions in 0..1 of the process's samples; ``group`` is the file name without the
+    ``saturation-`` prefix and the ``.jsonl`` suffix."""
+
+    group: str
+    path: str
+    pid: int
+    samples: int
+    span_s: float  # from the first sample to the last
+    cpu_p50_pct: float
+    cpu_max_pct: float
+    loop_lag_p50_ms: float
+    loop_lag_p99_ms: float
+    loop_lag_max_ms: float
+    over_cpu_fraction: float  # samples with cpu_pct > cpu_limit_pct
+    over_lag_fraction: float  # samples with loop_lag_ms > lag_limit_ms
+    over_any_fraction: float  # samples over either limit
+    saturated: bool  # over_any_fraction > max_fraction
+
+
+class SaturationSummary(BaseModel):
+    """Whether any load process was saturated, with the limits applied and per-process figures.
+
+    ``unsampled`` lists files that were missing, empty or held no valid sample line.
+    """
+
+    cpu_limit_pct: float
+    lag_limit_ms: float
+    max_fraction: float
+    processes: list[ProcessSaturation]
+    unsampled: list[str]
+    saturated: bool
+    message: str
+
+
+class ProxySummary(BaseModel):
+    """Figures of the proxy of one run. Sizes in bytes; ``None`` when not observable for this
+    kind (``none`` has no process; nginx has no per-stream buffer figure). ``cuts`` and
+    ``upstream_aborts`` are the egress buffer's counters' rises over the run, ``cut_reasons``
+    the cuts by reason (``stall_timeout``: a write stall reached ``stall_timeout_s``;
+    ``overflow``: the stream's buffer filled up)."""
+
+    name: str
+    kind: str
+    rss_peak_bytes: int | None
+    buffered_peak_bytes: int | None
+    stream_buffered_peak_mean_bytes: float | None
+    client_send_q_peak_bytes: int | None
+    upstream_recv_q_peak_bytes: int | None
+    cuts: float | None
+    upstream_aborts: float | None
+    samples: int
+    cut_reasons: dict[str, float] = {}
+
+
+class LoadWorker(BaseModel):
+    """What became of one Locust worker of a group.
+
+    ``status``: ``finished`` (ran until its master quit it), ``died`` (its process ended
+    early, or its master lost its heartbeat), ``never_joined`` (started here and never
+    announced itself to the master, or expected remote workers that never came: then
+    ``worker`` is ``"(N remote)"``). ``requests_recorded``: complete lines in its records file, i.e.
+    requests it had finished (in-flight requests of a killed worker are lost).
+    """
+
+    group: str
+    worker: str
+    host: str | None
+    pid: int | None
+    status: Literal["finished", "died", "never_joined"]
+    detail: str
+    requests_recorded: int
+
+    @property
+    def message(self) -> str:
+        """One line for the run's failure, e.g. ``load worker w2 of group fast was killed by
+        SIGKILL after 7 recorded requests``."""
+        text = f"load worker {self.worker} of group {self.group} {self.detail}"
+        if self.status == "never_joined":
+            return text
+        return f"{text} after {self.requests_recorded} recorded requests"
+
+
+class GroupSummary(BaseModel):
+    """Figures of one user group. Latencies in ms; ``None`` when nothing was measured.
+
+    Stalled streams (their client's ``stall``/``stop_reading`` action fired): ``stalled``
+    counts them; ``cut_seen`` those whose client saw the server (or proxy) end the connection
+    before the response was complete, ``cut_rst`` those that saw a RST; ``stall_to_cut_*_ms`` is
+    the time from stall onset to the client seeing RST or FIN; ``engine_aborted`` and
+    ``stall_to_abort_*_ms`` estimate when the engine aborted them (``harness.analysis._stalls``: aborts
+    are counted from the engine's gauges and matched to streams in order, to within one scrape
+    interval).
+    """
+
+    group: str
+    user_class: str | None
+    requests: int
+    outcomes: dict[str, int]
+    ttft_p50_ms: float | None
+    ttft_p90_ms: float | None
+    ttft_p99_ms: float | None
+    itl_p50_ms: float | None
+    itl_p99_ms: float | None
+    inter_chunk_p50_ms: float | None
+    inter_chunk_p99_ms: float | None
+    tpot_p50_ms: float | None
+    e2e_p50_ms: float | None
+    output_tokens: int
+    output_tokens_per_s: float | None
+    server_send_q_peak_bytes: int | None
+    inter_chunk_mean_ms: float | None = None
+    stalled: int = 0
+    cut_seen: int = 0
+    cut_rst: int = 0
+    stall_to_cut_p50_ms: float | None = None
+    stall_to_cut_max_ms: float | None = None
+    engine_aborted: int = 0
+    stall_to_abort_p50_ms: float | None = None
+    stall_to_abort_max_ms: float | None = None
+    # The kernel's time-limited-by-the-client's-receive-window per request (tcpi_rwnd_limited).
+    server_rwnd_limited_p50_ms: float | None = None
+    server_rwnd_limited_max_ms: float | None = None
+
+
+class ServerSummary(BaseModel):
+    """Server figures from its /metrics. ``preemptions`` is the counter's rise over the run;
+    ``missing_metrics`` names figures the server never reported; ``scrape_gap_max_s`` is the
+    longest time between two scrapes (a starved harness samples less often than configured, and
+    peaks between two scrapes are missed). ``request_success`` is each counter's rise over the
+    run. ``generation_tokens`` is the rise of the engine's generated-token counter;
+    ``undelivered_tokens`` the output tokens it generated that no client received (the wasted
+    decode of stalled streams: see ``harness.analysis._stalls``)."""
+
+    kv_cache_usage_peak_perc: float | None
+    preemptions: float | None
+    running_peak: float | None
+    waiting_peak: float | None
+    request_success: dict[str, float]
+    scrapes: int
+    failed_scrapes: int
+    scrape_gap_max_s: float | None
+    missing_metrics: list[str]
+    generation_tokens: float | None = None
+    undelivered_tokens: float | None = None
+
+
+class RunSummary(BaseModel):
+    """The whole run's summary, as written to ``summary.json``."""
+
+    scenario: str
+    status: str  # "complete" | "failed" | "interrupted"
+    failure: str | None
+    duration_s: float
+    groups: list[GroupSummary]
+    server: ServerSummary
+    verdicts: dict[str, Any]
+    client_saturation: SaturationSummary
+    proxy: ProxySummary | None = None
+    # With [netem] capture: per flow that saw a zero window, who advertised it, the time from
+    # the first zero window to the RST and who sent it (netem._wire.stalled_flows).
+    stalled_flows: list[dict[str, Any]] | None = None
+    load_workers: list[LoadWorker] = []  # Locust workers of distributed groups (--workers)

@@ -1,0 +1,38 @@
+"""Scenarios: what an experiment runs (target, proxy, user groups, network, gates), read from
+TOML and validated, every problem located at its file, line and field."""
+
+from harness.scenario._gate_syntax import (
+    OPS,
+    Gate,
+    GateSyntaxError,
+    needs_baseline,
+    parse_gate,
+    unknown_figures,
+)
+from harness.scenario._load import load_scenario, parse_scenario
+from harness.scenario._models import (
+    CollectorConfig,
+    NamedProxyConfig,
+    NetemConfig,
+    Scenario,
+    ServerNetConfig,
+    VerdictConfig,
+)
+from zwcore import ScenarioError
+
+__all__ = [
+    "OPS",
+    "CollectorConfig",
+    "Gate",
+    "GateSyntaxError",
+    "NamedProxyConfig",
+    "NetemConfig",
+    "Scenario",
+    "ScenarioError",
+    "ServerNetConfig",
+    "VerdictConfig",
+    "load_scenario",
+    "needs_baseline",
+    "parse_scenario",
+    "unknown_figures",
+]

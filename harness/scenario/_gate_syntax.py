@@ -1,0 +1,187 @@
+"""Gate syntax: a scenario's pass/fail conditions on summary figures, as written and parsed.
+
+Evaluation against a run's figures is :mod:`harness.gates`.
+
+A gate is one line of text, ``FIGURE OP BOUND``, for example::
+
+    fast.ttft_p99_ms <= 800
+    fast.itl_p99_ms <= 1.2 * baseline
+    server.preemptions <= baseline + 5
+    kv_held_after_finish_s <= 1
+    client_saturated == 0
+
+Grammar (whitespace is free between tokens)::
+
+    gate    := FIGURE OP bound
+    OP      := "<=" | "<" | ">=" | ">" | "=="
+    bound   := ["+" | "-"] NUMBER                      absolute bound
+             | scaled [("+" | "-") NUMBER]              relative to the baseline's value
+    scaled  := NUMBER "*" "baseline" | "baseline" ["*" NUMBER]
+
+``FIGURE`` is a name from :mod:`harness.runfolder._figures` (checked against the scenario's groups when
+the scenario is loaded); ``NUMBER`` is a decimal such as ``800``, ``1.2`` or ``2e3``. A
+relative bound is ``factor * baseline + offset``, where ``baseline`` is the same figure in the
+baseline file (see :mod:`harness.gates._baseline`).
+
+Evaluation (:func:`evaluate_gates`) is strict: a figure this run did not measure (``None``)
+fails, and so does a relative gate whose baseline lacks the figure, each with its reason.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+OPS: dict[str, Callable[[float, float], bool]] = {
+    "<=": operator.le,
+    "<": operator.lt,
+    ">=": operator.ge,
+    ">": operator.gt,
+    "==": operator.eq,
+}
+
+_FIGURE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+_OP = re.compile(r"<=|>=|==|<|>")
+_TOKEN = re.compile(
+    r"(?P<number>(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)"
+    r"|(?P<word>[A-Za-z_][A-Za-z0-9_.]*)"
+    r"|(?P<star>\*)|(?P<plus>\+)|(?P<minus>-)"
+)
+
+
+class GateSyntaxError(ValueError):
+    """A gate that does not follow the grammar. ``column`` is 1-based within ``gate``;
+    ``str(error)`` names the gate, the column and what was expected there."""
+
+    def __init__(self, gate: str, column: int, expected: str) -> None:
+        self.gate, self.column, self.expected = gate, column, expected
+        super().__init__(f"gate {gate!r}: {expected} at column {column}")
+
+
+@dataclass(frozen=True)
+class Gate:
+    """A parsed gate. For an absolute gate the bound is ``offset`` (``relative`` is False);
+    for a relative one it is ``factor * baseline + offset``."""
+
+    text: str
+    figure: str
+    op: str
+    relative: bool
+    factor: float = 1.0
+    offset: float = 0.0
+
+    def bound(self, baseline: float | None = None) -> float | None:
+        """The bound for this gate; ``None`` for a relative gate without a baseline value."""
+        if not self.relative:
+            return self.offset
+        return None if baseline is None else self.factor * baseline + self.offset
+
+    def __str__(self) -> str:
+        return self.text
+
+
+@dataclass(frozen=True)
+class _Tok:
+    kind: str
+    text: str
+    column: int  # 1-based
+
+
+def _tokens(text: str, start: int) -> list[_Tok]:
+    out: list[_Tok] = []
+    pos = start
+    while pos < len(text):
+        if text[pos].isspace():
+            pos += 1
+            continue
+        m = _TOKEN.match(text, pos)
+        if m is None or m.lastgroup is None:
+            raise GateSyntaxError(text, pos + 1, "expected a number, 'baseline', '*', '+' or '-'")
+        kind = "baseline" if m.group() == "baseline" else m.lastgroup
+        out.append(_Tok(kind, m.group(), pos + 1))
+        pos = m.end()
+    return out
+
+
+def parse_gate(text: str) -> Gate:
+    """Parse one gate (see the module docstring for the grammar).
+
+    Raises :class:`GateSyntaxError` naming the column where the text departs from the grammar.
+    The figure name is not checked here (see :func:`unknown_figures`).
+    """
+    if not isinstance(text, str):
+        raise GateSyntaxError(str(text), 1, "expected a string such as 'fast.ttft_p99_ms <= 800'")
+    pos = len(text) - len(text.lstrip())
+    m = _FIGURE.match(text, pos)
+    if m is None:
+        raise GateSyntaxError(text, pos + 1, "expected a figure name such as fast.ttft_p99_ms")
+    figure, pos = m.group(), m.end()
+    while pos < len(text) and text[pos].isspace():
+        pos += 1
+    op = _OP.match(text, pos)
+    if op is None:
+        raise GateSyntaxError(text, pos + 1, "expected a comparison: <=, <, >=, > or ==")
+    toks = _tokens(text, op.end())
+    end_col = len(text.rstrip()) + 1
+    i = 0
+
+    def peek(*kinds: str) -> _Tok | None:
+        return toks[i] if i < len(toks) and toks[i].kind in kinds else None
+
+    def take(kind: str, expected: str) -> _Tok:
+        nonlocal i
+        tok = peek(kind)
+        if tok is None:
+            if i < len(toks):
+                raise GateSyntaxError(text, toks[i].column, f"{expected}, got {toks[i].text!r}")
+            raise GateSyntaxError(text, end_col, f"{expected}, got the end of the gate")
+        i += 1
+        return tok
+
+    relative, factor, offset = False, 1.0, 0.0
+    if sign := peek("plus", "minus"):
+        i += 1
+        number = float(take("number", "expected a number").text)
+        offset = -number if sign.kind == "minus" else number
+    elif peek("number"):
+        number = float(take("number", "expected a number").text)
+        if peek("star"):
+            i += 1
+            take("baseline", "expected 'baseline' after '*'")
+            relative, factor = True, number
+        else:
+            offset = number
+    elif peek("baseline"):
+        i += 1
+        relative = True
+        if peek("star"):
+            i += 1
+            factor = float(take("number", "expected a number after '*'").text)
+    else:
+        take("number", "expected a number or 'baseline'")
+    if relative and (sign := peek("plus", "minus")):
+        i += 1
+        number = float(take("number", f"expected a number after '{sign.text}'").text)
+        offset = -number if sign.kind == "minus" else number
+    if i < len(toks):
+        what = "the end of the gate"
+        if relative and not offset:
+            what = "'+', '-' or " + what
+        raise GateSyntaxError(text, toks[i].column, f"unexpected {toks[i].text!r}; expected {what}")
+    if not all(math.isfinite(v) for v in (factor, offset)):
+        raise GateSyntaxError(text, op.end() + 1, "the bound must be a finite number")
+    return Gate(text.strip(), figure, op.group(), relative, factor, offset)
+
+
+def unknown_figures(gates: Iterable[Gate], valid: Iterable[str]) -> list[Gate]:
+    """The gates whose figure is not in ``valid`` (see :func:`harness.runfolder._figures.figure_names`)."""
+    names = set(valid)
+    return [g for g in gates if g.figure not in names]
+
+
+def needs_baseline(gates: Iterable[Gate]) -> bool:
+    """Whether any gate is relative to the baseline."""
+    return any(g.relative for g in gates)

@@ -1,0 +1,133 @@
+"""Scenario files: TOML read, overrides merged, validated into a :class:`Scenario`, and every
+problem located at its file, line and field."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from harness.scenario._models import Scenario
+from zwcore import ScenarioError, relocated_errors
+
+
+def _find_line(lines: list[str], loc: tuple[int | str, ...]) -> int | None:
+    """Best-effort line number (1-based) of the field at ``loc`` in a TOML text."""
+    pos, line_no, table = 0, None, ""
+    for part in loc:
+        if isinstance(part, int):
+            header = re.compile(rf"^\s*\[\[\s*{re.escape(table)}\s*\]\]")
+            seen = -1
+            for i in range(len(lines)):
+                if header.match(lines[i]):
+                    seen += 1
+                    if seen == part:
+                        pos, line_no = i + 1, i + 1
+                        break
+            else:
+                return line_no
+            continue
+        table = f"{table}.{part}" if table else part
+        key = re.compile(
+            rf"^\s*(\[\[?\s*([\w.-]*\.)?{re.escape(part)}\s*\]\]?|{re.escape(part)}\s*=)"
+            rf"|[{{,]\s*{re.escape(part)}\s*="
+        )
+        for i in range(pos, len(lines)):
+            if key.search(lines[i]):
+                pos, line_no = i, i + 1
+                break
+    return line_no
+
+
+def _find_text(lines: list[str], start: int, text: str) -> int | None:
+    """The first line (1-based) from line ``start`` on that holds the TOML string ``text``."""
+    quoted = [f'"{text}"', f"'{text}'", text]
+    for i in range(start - 1, len(lines)):
+        if any(q in lines[i] for q in quoted):
+            return i + 1
+    return None
+
+
+def _format_errors(path: Path, text: str, error: ValidationError) -> str:
+    lines = text.splitlines()
+    out = []
+    for err in relocated_errors(error):
+        raw = err["loc"]
+        # proxies[i].proxy.x: in the file, the proxy's fields sit in the entry itself
+        loc = tuple(
+            p for i, p in enumerate(raw) if not (i > 1 and p == "proxy" and raw[i - 2] == "proxies")
+        )
+        ctx = err.get("ctx") or {}
+        if "gate_index" in ctx:  # a gate's error raised for the whole list: point at the gate
+            loc = (*loc, ctx["gate_index"])
+            err["input"] = ctx["gate"]
+        field = ".".join(str(p) for p in loc) or "(top level)"
+        # A missing field is not in the text: point at the table that lacks it.
+        line = _find_line(lines, loc[:-1] if err["type"] == "missing" else loc)
+        if loc and isinstance(loc[-1], int) and isinstance(err.get("input"), str) and line:
+            # An item of an inline array: the line that holds its text.
+            line = _find_text(lines, line, err["input"]) or line
+        where = f"{path}:{line}" if line else str(path)
+        got = ""
+        if (
+            err["type"] not in ("missing", "gate_syntax", "unknown_figure")
+            and "input" in err
+            and not isinstance(err["input"], dict | list)
+        ):
+            got = f" (got {err['input']!r})"
+        out.append(f"{where}: field '{field}': {err['msg']}{got}")
+    return "\n".join(out)
+
+
+def _merge(data: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` with ``overrides`` merged in: tables merge key by key, other values replace."""
+    out = dict(data)
+    for key, value in overrides.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def parse_scenario(
+    text: str, *, path: Path, overrides: Mapping[str, Any] | None = None
+) -> Scenario:
+    """Validate the TOML ``text`` of the scenario file ``path``, with ``overrides`` (nested
+    tables as dicts, e.g. ``{"target": {"engine": {"kv_release": "on_finish"}}}``) merged in
+    first.
+
+    Raises :class:`ScenarioError` naming file, line and field for TOML syntax errors and for
+    every validation problem.
+    """
+    try:
+        data: dict[str, Any] = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError(f"{path}: not valid TOML: {exc}") from None
+    if overrides:
+        data = _merge(data, overrides)
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as exc:
+        raise ScenarioError(_format_errors(path, text, exc)) from None
+
+
+def load_scenario(path: str | Path, *, overrides: Mapping[str, Any] | None = None) -> Scenario:
+    """Read and validate a scenario file (``overrides``: see :func:`parse_scenario`).
+
+    Raises :class:`ScenarioError` (see :func:`parse_scenario`), also when the file cannot be read.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ScenarioError(f"{path}: cannot read the scenario file: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ScenarioError(
+            f"{path}: not a UTF-8 text file (byte {exc.start}: {exc.reason})"
+        ) from None
+    return parse_scenario(text, path=path, overrides=overrides)

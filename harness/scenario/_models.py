@@ -1,0 +1,250 @@
+"""Scenario models: what an experiment runs, validated by pydantic.
+
+A scenario names a target (the server under test), one or more user groups (each a Locust
+process of identical users with one read behaviour), and collector and verdict settings. See
+``scenarios/slow-readers.toml`` for a commented example.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from harness.runfolder import figure_names
+from harness.scenario._gate_syntax import Gate, GateSyntaxError, parse_gate, unknown_figures
+from harness.servers import NoProxyConfig, ProxyConfig, TargetConfig
+from loadgen import UserGroupConfig
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class CollectorConfig(_Strict):
+    """Sampling intervals of the server-side collectors, in seconds."""
+
+    metrics_interval_s: float = Field(0.25, gt=0)
+    sockets_interval_s: float = Field(0.1, gt=0)
+
+
+class VerdictConfig(_Strict):
+    """Settings of the "KV held by undelivered streams" verdict.
+
+    The engine is taken to have finished generating when it reports no running request, or, if
+    ``generation_bound_s`` is set, that many seconds after the first request was sent,
+    whichever comes first. ``min_observe_s`` is how long undelivered data must be seen in
+    Send-Q after that for a "none held" answer to count.
+    """
+
+    generation_bound_s: float | None = Field(None, gt=0)
+    min_observe_s: float = Field(1.0, gt=0)
+
+
+class NamedProxyConfig(_Strict):
+    """One entry of a scenario's ``proxies``: a proxy configuration and its ``name`` (the name
+    of its run folder and of its row in the comparison; default: the kind). In TOML the name
+    sits beside the proxy's own fields::
+
+        proxies = [{ name = "none", kind = "none" },
+                   { name = "nginx-buffered", kind = "nginx", buffering = true }]
+    """
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)
+    proxy: ProxyConfig
+
+    @model_validator(mode="before")
+    @classmethod
+    def _split_name(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "proxy" not in data:
+            fields = dict(data)
+            name = fields.pop("name", fields.get("kind"))
+            return {"name": name, "proxy": fields}
+        return data
+
+
+class ServerNetConfig(_Strict):
+    """Kernel TCP buffer settings of the server's network namespace (``[server_net]``), each
+    ``[min, default, max]`` bytes as in tcp(7) (``net.ipv4.tcp_wmem``: the send buffer, whose
+    size decides how long a stalled client goes unnoticed; ``net.ipv4.tcp_rmem``: the
+    receive buffer). Setting either runs the target and proxy in a namespace of their own."""
+
+    tcp_wmem: tuple[int, int, int] | None = None
+    tcp_rmem: tuple[int, int, int] | None = None
+
+    @field_validator("tcp_wmem", "tcp_rmem")
+    @classmethod
+    def _ordered(cls, value: tuple[int, int, int] | None) -> tuple[int, int, int] | None:
+        if value is not None and not (0 < value[0] <= value[1] <= value[2]):
+            raise ValueError("expected [min, default, max] bytes with 0 < min <= default <= max")
+        return value
+
+    def sysctls(self) -> dict[str, str]:
+        """``{"net.ipv4.tcp_wmem": "4096 16384 65536", ...}`` for the fields that are set."""
+        out = {}
+        for name in ("tcp_wmem", "tcp_rmem"):
+            value = getattr(self, name)
+            if value is not None:
+                out[f"net.ipv4.{name}"] = " ".join(str(v) for v in value)
+        return out
+
+
+class NetemConfig(_Strict):
+    """How the run builds its links (``[netem]``).
+
+    ``backend``: shaping backend, ``auto`` (probe once: the kernel's netem qdisc where it
+    exists, else the fallback), ``netem`` or ``fallback``. ``measure``: measure each shaped
+    link (RTT, throughput, loss) before the load starts and store the figures in ``run.json``
+    (``measure_duration_s`` of bulk transfer each way, ``measure_udp_packets`` datagrams each
+    way for loss).
+    ``isolate``: give every group its own namespace and link even when no group names a
+    network profile. ``capture``: record TCP headers on each group's client-side veth
+    (tcpdump) and analyse them into ``wire.parquet`` (zero windows, window probes, FIN, RST)
+    and, per stalled flow, the time from its first zero window to the RST and who sent it.
+    ``profiles``: link profiles of this scenario by name
+    (``[netem.profiles.my-link]`` with the fields of a link profile), usable as a group's
+    ``network_profile`` beside the built-in presets.
+    """
+
+    backend: Literal["auto", "netem", "fallback"] = "auto"
+    measure: bool = True
+    measure_duration_s: float = Field(2.0, gt=0, description="bulk transfer each way, s")
+    measure_udp_packets: int = Field(300, ge=0, description="UDP datagrams each way; 0: no loss")
+    isolate: bool = False
+    capture: bool = False
+    profiles: dict[str, dict[str, Any]] = {}
+
+    @field_validator("profiles")
+    @classmethod
+    def _valid_profiles(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        from netem import check_profiles
+
+        problems = check_profiles({}, value)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return value
+
+
+def _gate(value: Any) -> Gate:
+    if isinstance(value, Gate):
+        return value
+    try:
+        return parse_gate(value)
+    except GateSyntaxError as exc:
+        raise PydanticCustomError("gate_syntax", "{reason}", {"reason": str(exc)}) from None
+
+
+# A gate in a scenario: written and read as its text, held parsed (see harness.gates._gates).
+GateField = Annotated[Gate, PlainValidator(_gate), PlainSerializer(str, return_type=str)]
+
+
+class Scenario(_Strict):
+    """A whole experiment. ``proxy`` stands between the clients and the target (default: none).
+    ``proxies`` instead lists several proxy configurations: the same workload then runs through
+    each in turn against one target (see ``harness.lifecycle._comparison_run``).
+    ``max_duration_s`` bounds the load phase; ``cooldown_s`` is how long the collectors keep
+    sampling after the last load process ended."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    description: str = ""
+    seed: int = 0
+    max_duration_s: float = Field(600.0, gt=0)
+    cooldown_s: float = Field(3.0, ge=0)
+    target: TargetConfig
+    proxy: ProxyConfig = NoProxyConfig()
+    proxies: list[NamedProxyConfig] = []
+    groups: list[UserGroupConfig] = Field(min_length=1)
+    collectors: CollectorConfig = CollectorConfig()
+    verdict: VerdictConfig = VerdictConfig()
+    gates: list[GateField] = Field(
+        [], description="SLO gates such as 'fast.ttft_p99_ms <= 800' (see harness.gates._gates)"
+    )
+
+    @field_validator("gates")
+    @classmethod
+    def _known_figures(cls, gates: list[Gate], info: ValidationInfo) -> list[Gate]:
+        groups = info.data.get("groups")
+        if groups is None:  # the groups did not validate: that error is reported instead
+            return gates
+        valid = figure_names(g.name for g in groups)
+        for gate in unknown_figures(gates, valid):
+            close = difflib.get_close_matches(gate.figure, valid, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise PydanticCustomError(
+                "unknown_figure",
+                "gate {quoted_gate}: unknown figure {figure}{hint}; valid figures: {valid}",
+                {
+                    "gate": gate.text,
+                    "quoted_gate": repr(gate.text),
+                    "figure": repr(gate.figure),
+                    "hint": hint,
+                    "valid": ", ".join(valid),
+                    "gate_index": gates.index(gate),
+                },
+            )
+        return gates
+
+    netem: NetemConfig = NetemConfig()
+    server_net: ServerNetConfig | None = None
+
+    @model_validator(mode="after")
+    def _known_network_profiles(self) -> Scenario:
+        from netem import check_profiles
+
+        groups = {g.name: g.network_profile for g in self.groups}
+        problems = check_profiles(groups, self.netem.profiles)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def needs_topology(self) -> bool:
+        """Whether the run builds namespaces and links: a group names a network profile,
+        ``[server_net]`` is set, or ``[netem] isolate`` asks for it."""
+        shaped = any(g.network_profile != "none" for g in self.groups)
+        return shaped or self.server_net is not None or self.netem.isolate
+
+    @model_validator(mode="after")
+    def _groups_start_in_time(self) -> Scenario:
+        late = [g.name for g in self.groups if g.start_after_s >= self.max_duration_s]
+        if late:
+            raise ValueError(
+                f"groups {', '.join(late)} start_after_s is not below "
+                f"max_duration_s={self.max_duration_s:g}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _one_way_to_name_proxies(self) -> Scenario:
+        if self.proxies and self.proxy != NoProxyConfig():
+            raise ValueError("set either proxy or proxies, not both")
+        names = [p.name for p in self.proxies]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"proxy names must be unique; repeated: {', '.join(duplicates)}")
+        return self
+
+    @field_validator("groups")
+    @classmethod
+    def _unique_names(cls, groups: list[UserGroupConfig]) -> list[UserGroupConfig]:
+        names = [g.name for g in groups]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"group names must be unique; repeated: {', '.join(duplicates)}")
+        return groups

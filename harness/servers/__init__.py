@@ -1,0 +1,62 @@
+"""Servers: the target under test and the proxy in front of it, one module per ``kind``.
+
+Targets: ``vllm`` (a real vLLM server), ``sim`` (the built-in engine emulator), ``url`` (a
+server already running). Proxies: ``none``, ``nginx``, ``haproxy``, ``envoy``, ``egress`` (the
+toolkit's decoupled egress buffer). Each kind's module holds its options (a config model
+registered with :data:`TARGETS` or :data:`PROXIES`), its server class and nothing else;
+``docs/extending.md`` says how to add one.
+"""
+
+from harness.servers import _egress, _envoy, _haproxy, _nginx, _none, _sim, _url, _vllm  # noqa: F401
+from harness.servers._base import (
+    PROXIES,
+    TARGETS,
+    Proxy,
+    ProxyConfig,
+    ProxyConfigBase,
+    Server,
+    StrictOptions,
+    Target,
+    TargetConfig,
+    TargetConfigBase,
+    make_proxy,
+    make_target,
+)
+from harness.servers._egress import EgressProxyConfig
+from harness.servers._envoy import EnvoyProxyConfig
+from harness.servers._haproxy import HaproxyProxyConfig
+from harness.servers._health import free_port, wait_healthy
+from harness.servers._nginx import NGINX_PRESETS, NginxProxyConfig, render_nginx_conf
+from harness.servers._none import NoProxyConfig
+from harness.servers._process import ServerProcess
+from harness.servers._sim import SimTargetConfig
+from harness.servers._url import UrlTargetConfig
+from harness.servers._vllm import VllmTargetConfig
+
+__all__ = [
+    "NGINX_PRESETS",
+    "PROXIES",
+    "TARGETS",
+    "EgressProxyConfig",
+    "EnvoyProxyConfig",
+    "HaproxyProxyConfig",
+    "NginxProxyConfig",
+    "NoProxyConfig",
+    "Proxy",
+    "ProxyConfig",
+    "ProxyConfigBase",
+    "Server",
+    "ServerProcess",
+    "SimTargetConfig",
+    "StrictOptions",
+    "Target",
+    "TargetConfig",
+    "TargetConfigBase",
+    "UrlTargetConfig",
+    "VllmTargetConfig",
+    "free_port",
+    "make_proxy",
+    "make_target",
+    "render_nginx_conf",
+    "wait_healthy",
+]

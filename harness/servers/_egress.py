@@ -1,0 +1,76 @@
+"""The ``egress`` proxy kind: the toolkit's own decoupled egress buffer (``harness._egress``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
+
+from harness.servers._base import PROXIES, Proxy, ProxyConfigBase
+from harness.servers._health import TargetError, free_port
+from harness.servers._process import ServerProcess
+
+
+@PROXIES.register
+class EgressProxyConfig(ProxyConfigBase):
+    """The toolkit's own decoupled egress buffer (``harness._egress``): reads the upstream at
+    full speed into ``buffer_bytes`` per stream (``overflow``: ``cut`` or ``pause``) and resets a
+    client whose socket stays unwritable for ``stall_timeout_s``, aborting the upstream request.
+    ``client_sndbuf_bytes`` caps the kernel send buffer toward clients (None: autotuning)."""
+
+    kind: Literal["egress"] = "egress"
+    buffer_bytes: int = Field(256 * 1024, ge=1024)
+    overflow: Literal["cut", "pause"] = "cut"
+    stall_timeout_s: float = Field(2.5, gt=0)
+    client_sndbuf_bytes: int | None = Field(32 * 1024, ge=1024)
+    listen_host: str = "127.0.0.1"
+    listen_port: int = Field(0, ge=0, le=65535, description="0 picks a free port")
+    startup_timeout_s: float = Field(15.0, gt=0)
+
+    def build(self) -> Proxy:
+        return EgressProxy(self)
+
+
+class EgressProxy(Proxy):
+    """``python -m harness._egress`` started for the run; its log is ``egress.log``. Its
+    Prometheus metrics are served at :attr:`metrics_url` (a second port on the same host)."""
+
+    kind: ClassVar[str] = "egress"
+
+    def __init__(self, config: EgressProxyConfig) -> None:
+        self.config = config
+        self.port = config.listen_port or free_port(config.listen_host)
+        self.metrics_port = free_port(config.listen_host)
+        self.metrics_url = f"http://{config.listen_host}:{self.metrics_port}/metrics"
+        self.server = ServerProcess("egress buffer")
+        self.argv: list[str] = []
+
+    def start(self, run_dir: Path, upstream_url: str) -> str:
+        c = self.config
+        self.argv = [
+            sys.executable, "-m", "harness._egress",
+            "--upstream", upstream_url,
+            "--listen", f"{c.listen_host}:{self.port}",
+            "--metrics-listen", f"{c.listen_host}:{self.metrics_port}",
+            "--buffer-bytes", str(c.buffer_bytes),
+            "--overflow", c.overflow,
+            "--stall-timeout-s", str(c.stall_timeout_s),
+            "--client-sndbuf-bytes", "none" if c.client_sndbuf_bytes is None
+            else str(c.client_sndbuf_bytes),
+            "--log-level", "warning",
+        ]  # fmt: skip
+        log_path = run_dir / "egress.log"
+        url = f"http://{c.listen_host}:{self.port}"
+        try:
+            self.server.launch(self.argv, log_path=log_path, url=url, timeout_s=c.startup_timeout_s)
+        except TargetError as exc:
+            raise TargetError(f"egress buffer: {exc}; see {log_path}") from None
+        return url
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "argv": self.argv, "config": self.config.model_dump(mode="json")}
+
+    def processes(self) -> list[ServerProcess]:
+        return [self.server]

@@ -1,0 +1,44 @@
+"""Reaching a server: free ports, health polling, and the error a server that cannot be
+reached raises."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+
+import httpx
+
+from zwcore import TargetError
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on ``host`` a moment ago (bind to port 0, then release)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def wait_healthy(
+    base_url: str, *, timeout_s: float, alive: Callable[[], str | None] | None = None
+) -> None:
+    """Poll ``GET {base_url}/health`` until it answers 200.
+
+    ``alive`` is an optional callable returning a failure reason or ``None``; polling stops
+    early when it reports one. Raises :class:`TargetError` on timeout or early failure.
+    """
+    deadline = time.monotonic() + timeout_s
+    last = "no answer yet"
+    with httpx.Client(timeout=2.0) as client:
+        while time.monotonic() < deadline:
+            if alive is not None and (reason := alive()):
+                raise TargetError(f"target failed while starting: {reason}")
+            try:
+                response = client.get(f"{base_url}/health")
+                if response.status_code == 200:
+                    return
+                last = f"HTTP {response.status_code}"
+            except httpx.HTTPError as exc:
+                last = type(exc).__name__
+            time.sleep(0.5)
+    raise TargetError(f"{base_url}/health did not answer 200 within {timeout_s:g} s (last: {last})")

@@ -1,0 +1,101 @@
+"""What the target kinds the run starts as a child process (vLLM, the emulator) share: a free
+port, a process group with its log in the run folder, the health check, and the log lines that
+mean the engine died."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, ClassVar
+
+from harness.servers._base import Target
+from harness.servers._health import TargetError, free_port
+from harness.servers._process import ServerProcess
+
+
+class LaunchedTarget(Target):
+    """A server started for the run as a child process group, with its log in the run folder.
+
+    Subclasses give :meth:`build_argv`, ``log_name``, ``label`` and the log lines that mean the
+    engine died (``DEAD_MARKERS``).
+    """
+
+    kind: ClassVar[str]
+    label: ClassVar[str]
+    log_name: ClassVar[str]
+    DEAD_MARKERS: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, config: Any) -> None:
+        self.config = config
+        self.served_model_name = config.served_model_name
+        self.port = config.port or free_port(config.host)
+        self.base_url = f"http://{config.host}:{self.port}"
+        self.server = ServerProcess(self.label)
+        self.log_path: Path | None = None
+        self.argv: list[str] = []
+        self._log_offset = 0
+        self._dead: str | None = None
+
+    def build_argv(self) -> list[str]:
+        raise NotImplementedError
+
+    def processes(self) -> list[ServerProcess]:
+        return [self.server]
+
+    def start(self, run_dir: Path) -> None:
+        self.argv = self.build_argv()
+        self.log_path = run_dir / self.log_name
+        # Never reach out to a model hub: a model that is not on disk is an error.
+        env = {"HF_HUB_OFFLINE": "1", **getattr(self.config, "env", {})}
+        try:
+            self.server.launch(
+                self.argv,
+                log_path=self.log_path,
+                url=self.base_url,
+                timeout_s=self.config.startup_timeout_s,
+                env=env,
+                alive=self.failure,  # also sees death markers in the log
+            )
+        except TargetError as exc:
+            raise TargetError(f"{exc}{self._last_error()}; see {self.log_path}") from None
+
+    def _last_error(self) -> str:
+        """The last exception line of the log (``ValueError: ...``), prefixed for a message."""
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        found = ""
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            match = re.search(r"\b([A-Z]\w*(Error|Exception)): (.+)$", line)
+            if match and "See root cause" not in line and "see stack trace" not in line.lower():
+                found = f" ({match.group(1)}: {match.group(3).strip()})"
+        return found
+
+    def _scan_log(self) -> None:
+        """Look for a death marker in what the log gained since the last look."""
+        if self.log_path is None or not self.DEAD_MARKERS or not self.log_path.exists():
+            return
+        with open(self.log_path, "rb") as f:
+            f.seek(max(0, self._log_offset - 200))  # a marker may straddle two reads
+            text = f.read().decode(errors="replace")
+            self._log_offset = f.tell()
+        for marker in self.DEAD_MARKERS:
+            if marker in text:
+                self._dead = f"{self.label} engine died ({marker} in {self.log_name})"
+
+    def failure(self) -> str | None:
+        if self.server.proc is None:
+            return "not started"
+        if self._dead is None:
+            self._scan_log()
+        return self._dead or self.server.failure()
+
+    def stop(self) -> None:
+        self.server.stop(grace_s=self.config.stop_grace_s)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "base_url": self.base_url,
+            "argv": self.argv,
+            "pid": self.server.proc.pid if self.server.proc else None,
+        }

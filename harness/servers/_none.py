@@ -1,0 +1,30 @@
+"""The ``none`` proxy kind: clients talk to the target directly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from harness.servers._base import PROXIES, Proxy, ProxyConfigBase
+
+
+@PROXIES.register
+class NoProxyConfig(ProxyConfigBase):
+    """Clients talk to the target directly."""
+
+    kind: Literal["none"] = "none"
+
+    def build(self) -> Proxy:
+        return NoProxy(self)
+
+
+class NoProxy(Proxy):
+    """No proxy: clients use the target's URL."""
+
+    kind: ClassVar[str] = "none"
+
+    def __init__(self, config: NoProxyConfig) -> None:
+        self.config = config
+
+    def start(self, run_dir: Path, upstream_url: str) -> str:
+        return upstream_url

@@ -1,0 +1,115 @@
+"""Child processes owned by a run: started in their own session, stopped as a whole group."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from zwcore import TargetError
+from harness.servers._health import wait_healthy
+from netem import exec_prefix
+
+
+def start_process(
+    argv: list[str],
+    *,
+    log_path: Path,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    netns: str | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` in a new session (so it has its own process group) with stdout and stderr
+    appended to ``log_path``, inside network namespace ``netns`` if given (through
+    ``ip netns exec``, which then execs ``argv``: the pid is the program's). Raises ``OSError``
+    if the program cannot be started."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            exec_prefix(netns) + argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
+            cwd=cwd,
+            start_new_session=True,
+        )
+
+
+def stop_process_group(proc: subprocess.Popen[bytes], *, grace_s: float = 10.0) -> int | None:
+    """Stop the process group led by ``proc``: SIGTERM, then SIGKILL after ``grace_s`` seconds.
+
+    Children that outlive the leader are killed too. Returns the leader's exit code. Safe to
+    call more than once.
+    """
+
+    def _signal(sig: int) -> bool:
+        try:
+            os.killpg(proc.pid, sig)
+            return True
+        except (ProcessLookupError, PermissionError):
+            return False
+
+    if proc.poll() is None:
+        _signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+    # The leader may be gone while children of the group remain (vLLM's engine core).
+    deadline = time.monotonic() + grace_s
+    while _signal(0) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    _signal(signal.SIGKILL)
+    try:
+        return proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+class ServerProcess:
+    """A server the run starts (target or proxy): its process group, health check and exit.
+
+    ``label`` names it in messages ("nginx", "vLLM"); ``netns``, when set before
+    :meth:`launch`, is the network namespace it runs in.
+    """
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.proc: subprocess.Popen[bytes] | None = None
+        # The network namespace to start in (set by the run when it has a topology).
+        self.netns: str | None = None
+
+    def launch(
+        self,
+        argv: list[str],
+        *,
+        log_path: Path,
+        url: str,
+        timeout_s: float,
+        env: dict[str, str] | None = None,
+        alive: Callable[[], str | None] | None = None,
+    ) -> None:
+        """Start ``argv`` (see :func:`start_process`) and wait until ``{url}/health`` answers
+        200. ``alive`` reports an early death (default: :meth:`failure`). Raises
+        :class:`TargetError` if it cannot start, dies or stays unhealthy."""
+        try:
+            self.proc = start_process(argv, log_path=log_path, env=env, netns=self.netns)
+        except OSError as exc:
+            raise TargetError(f"cannot start {self.label} ({argv[0]}): {exc}") from None
+        wait_healthy(url, timeout_s=timeout_s, alive=alive or self.failure)
+
+    def failure(self) -> str | None:
+        """``None`` while the process runs, else why it does not."""
+        if self.proc is None:
+            return "not started"
+        code = self.proc.poll()
+        return None if code is None else f"{self.label} exited with code {code}"
+
+    def stop(self, *, grace_s: float) -> None:
+        """Stop the process group (see :func:`stop_process_group`); safe to call twice."""
+        if self.proc is not None:
+            stop_process_group(self.proc, grace_s=grace_s)

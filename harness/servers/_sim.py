@@ -1,0 +1,50 @@
+"""The ``sim`` target kind: the built-in engine emulator (``harness._sim``) started for the run."""
+
+from __future__ import annotations
+
+import sys
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from harness._sim import SimConfig
+from harness.servers._base import TARGETS, Target, TargetConfigBase
+from harness.servers._launched import LaunchedTarget
+
+
+@TARGETS.register
+class SimTargetConfig(TargetConfigBase):
+    """Start the built-in engine emulator for the run. ``engine`` holds its settings
+    (``kv_release``, ``num_blocks``, ``block_size``, step-time model...; see
+    ``harness._sim.SimConfig``)."""
+
+    kind: Literal["sim"] = "sim"
+    served_model_name: str = "sim"
+    host: str = "127.0.0.1"
+    port: int = Field(0, ge=0, le=65535, description="0 picks a free port")
+    engine: SimConfig = SimConfig()
+    startup_timeout_s: float = Field(30.0, gt=0)
+    stop_grace_s: float = Field(5.0, gt=0)
+
+    def build(self) -> Target:
+        return SimTarget(self)
+
+
+class SimTarget(LaunchedTarget):
+    """The built-in engine emulator, ``python -m harness._sim``, with the scenario's ``engine``
+    settings as options. Its log is ``sim.log`` in the run folder."""
+
+    kind: ClassVar[str] = "sim"
+    label: ClassVar[str] = "sim"
+    log_name: ClassVar[str] = "sim.log"
+    config: SimTargetConfig
+
+    def build_argv(self) -> list[str]:
+        argv = [sys.executable, "-m", "harness._sim", "--host", self.config.host]
+        argv += ["--port", str(self.port), "--log-level", "warning"]
+        engine = self.config.engine.model_copy(
+            update={"served_model_name": self.config.served_model_name}
+        )
+        for name, value in engine.model_dump(exclude_none=True).items():
+            argv += ["--" + name.replace("_", "-"), str(value)]
+        return argv

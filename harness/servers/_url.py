@@ -1,0 +1,63 @@
+"""The ``url`` target kind: a server that is already running, reached by its URL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+from urllib.parse import urlsplit
+
+from pydantic import Field, field_validator
+
+from harness.servers._base import TARGETS, Target, TargetConfigBase
+from harness.servers._health import wait_healthy
+
+
+@TARGETS.register
+class UrlTargetConfig(TargetConfigBase):
+    """Attach to a server that is already running at ``url`` (scheme, host, port)."""
+
+    kind: Literal["url"] = "url"
+    url: str
+    served_model_name: str
+    startup_timeout_s: float = Field(30.0, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        expected = "expected http://HOST:PORT such as http://127.0.0.1:8000"
+        try:
+            url = urlsplit(value)
+            url.port  # noqa: B018 - raises ValueError for a port that is not a number 0..65535
+        except ValueError as exc:
+            raise ValueError(f"{expected} ({exc})") from None
+        if url.scheme != "http" or not url.hostname or value != value.strip():
+            raise ValueError(f"{expected} (the load generator speaks plain HTTP/1.1)")
+        if url.path.strip("/") or url.query or url.fragment or url.username:
+            raise ValueError(f"{expected}, without path, query or fragment")
+        return value.rstrip("/")
+
+    def build(self) -> Target:
+        return UrlTarget(self)
+
+
+class UrlTarget(Target):
+    """A server that is already running; the run neither starts nor stops it."""
+
+    kind: ClassVar[str] = "url"
+
+    def __init__(self, config: UrlTargetConfig) -> None:
+        self.config = config
+        self.base_url = config.url
+        self.served_model_name = config.served_model_name
+
+    def start(self, run_dir: Path) -> None:
+        wait_healthy(self.base_url, timeout_s=self.config.startup_timeout_s)
+
+    def failure(self) -> str | None:
+        return None
+
+    def stop(self) -> None:
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "base_url": self.base_url}
