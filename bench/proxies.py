@@ -51,8 +51,15 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from harness.servers import EgressProxyConfig, EnvoyProxyConfig, HaproxyProxyConfig, NginxProxyConfig, NoProxyConfig, make_proxy
 from harness.collectors._proxy_probe import procs_rss_bytes  # noqa: E402
+from harness.servers import (
+    EgressProxyConfig,
+    EnvoyProxyConfig,
+    HaproxyProxyConfig,
+    NginxProxyConfig,
+    NoProxyConfig,
+    make_proxy,
+)
 
 PROXY_CPU, LOAD_CPU = "0", "1"
 SNDBUF = 32 * 1024

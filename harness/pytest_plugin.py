@@ -88,8 +88,7 @@ class ScenarioRunner:
     ) -> RunResult:
         from harness.gates._baseline import baseline_path
         from harness.lifecycle._run import run_scenario
-        from harness.scenario import Scenario
-        from harness.scenario import load_scenario
+        from harness.scenario import Scenario, load_scenario
 
         path: Path | None = None
         if isinstance(scenario, Scenario):

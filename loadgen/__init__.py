@@ -11,6 +11,8 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+from zwcore import Registry, UnknownKindError
+
 from ._actions import (
     ACTIONS,
     AbortiveClose,
@@ -40,7 +42,6 @@ from ._workers import (
     worker_of,
     workers_log,
 )
-from zwcore import Registry, UnknownKindError
 
 if TYPE_CHECKING:
     from ._lifecycle import exit_zero_on_request_failures, quit_when_users_done

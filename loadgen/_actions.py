@@ -28,11 +28,10 @@ from typing import Annotated, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ._records import RequestRecord
 from zwcore import Registry
+
+from ._records import RequestRecord
 from ._sockets import close_abortive, close_orderly
-
-
 
 
 class StreamControl(Protocol):

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from zwcore import Registry
 
+
 class ReadBehaviour(BaseModel):
     """How a client reads its stream (a read behaviour kind subclasses this and registers with
     :data:`READS`): at most ``bytes_per_read`` bytes per ``recv``, the next ``recv`` at

@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from harness.scenario import parse_gate
 from harness.lifecycle._run import RunResult, run_scenario
-from harness.scenario import Scenario
-from harness.scenario import load_scenario
-from loadgen import Paced
-from loadgen import AbortiveClose
+from harness.scenario import Scenario, load_scenario, parse_gate
+from loadgen import AbortiveClose, Paced
 from tests.conftest import REPO
 
 _cache: dict[str, RunResult] = {}

@@ -11,9 +11,9 @@ import subprocess
 
 import pytest
 
+from harness.lifecycle._run import RunResult
 from harness.outputs._compare import compare_runs, html_page, render, rich_table
 from harness.outputs._report import ReportError
-from harness.lifecycle._run import RunResult
 from tests._sim_runs import sim_runs
 from tests.conftest import REPO, ZEROWINDOW
 

@@ -16,13 +16,11 @@ from harness.analysis._comparison import (
     print_comparison,
     write_comparison,
 )
-from harness.runfolder import ProxySummary
-from harness.collectors._proxy_probe import proxy_summary
-from harness.runfolder import SaturationSummary
 from harness.analysis._stalls import abort_times, attribute_aborts, undelivered_tokens
-from harness.runfolder import RunSummary
 from harness.analysis._summary import summarize_group, summarize_server
 from harness.analysis._tables import chunks_frame, requests_frame
+from harness.collectors._proxy_probe import proxy_summary
+from harness.runfolder import ProxySummary, RunSummary, SaturationSummary
 from loadgen import Chunk, RequestRecord
 
 

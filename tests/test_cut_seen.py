@@ -16,8 +16,17 @@ import time
 
 import pytest
 
-from loadgen import Paced, RequestSpec, Stall, StopReading, stream_request
-from loadgen import TCP_CLOSE, TCP_CLOSE_WAIT, peer_cut, tcp_state
+from loadgen import (
+    TCP_CLOSE,
+    TCP_CLOSE_WAIT,
+    Paced,
+    RequestSpec,
+    Stall,
+    StopReading,
+    peer_cut,
+    stream_request,
+    tcp_state,
+)
 
 
 class CuttingServer:

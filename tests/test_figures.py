@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from harness.runfolder import figure_names, figures
-from harness.runfolder import SaturationSummary
-from harness.runfolder import GroupSummary, RunSummary, ServerSummary
+from harness.runfolder import (
+    GroupSummary,
+    RunSummary,
+    SaturationSummary,
+    ServerSummary,
+    figure_names,
+    figures,
+)
 
 
 def _summary() -> RunSummary:

@@ -10,11 +10,10 @@ from pathlib import Path
 import pytest
 
 from harness.gates._baseline import BaselineError, load_baseline
-from harness.scenario import GateSyntaxError, parse_gate
 from harness.gates._evaluate import evaluate_gates
 from harness.outputs._junit import junit_xml
-from harness.scenario import ScenarioError, parse_scenario
 from harness.outputs._step_summary import step_summary_markdown
+from harness.scenario import GateSyntaxError, ScenarioError, parse_gate, parse_scenario
 from tests.test_figures import _summary
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from harness.analysis._tables import _server_socket_figures
 from harness.collectors._collectors import SOCKET_COLUMNS, SocketSampler
 from harness.lifecycle._run import run_scenario
 from harness.scenario import ScenarioError, parse_scenario
-from harness.analysis._tables import _server_socket_figures
 from netem import tcp_connections
 
 

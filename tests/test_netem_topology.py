@@ -20,11 +20,8 @@ from typing import Any
 import pytest
 from pyroute2 import IPRoute
 
-from netem import clean
-from netem import NetemPermissionError, has_net_admin
+from netem import NetemPermissionError, NetemState, Topology, clean, has_net_admin, read_state
 from netem._netns import create_netns, list_netns, netns_pids, run_in_netns
-from netem import NetemState, read_state
-from netem import Topology
 from tests.conftest import REPO
 
 needs_net_admin = pytest.mark.skipif(

@@ -9,23 +9,27 @@ import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-
-import httpx
 from typing import Literal
 
+import httpx
 import pytest
 import yaml
 
-from zwcore import TargetError
-from harness.servers import PROXIES, NginxProxyConfig, NoProxyConfig, make_proxy, render_nginx_conf
-from harness.servers import ProxyConfigBase
-from zwcore import UnknownKindError
+from harness._sim import SimConfig, SimServer
+from harness.scenario import ScenarioError, parse_scenario
+from harness.servers import (
+    PROXIES,
+    NginxProxyConfig,
+    NoProxyConfig,
+    ProxyConfigBase,
+    make_proxy,
+    render_nginx_conf,
+)
+from harness.servers._configured import find_binary
 from harness.servers._envoy import EnvoyProxyConfig, envoy_bootstrap
 from harness.servers._haproxy import HaproxyProxyConfig, render_haproxy_cfg
-from harness.servers._configured import find_binary
-from harness.scenario import ScenarioError, parse_scenario
-from harness._sim import SimConfig, SimServer
 from tests.test_proxy_helpers import needs, param, proxy_config, running_proxy
+from zwcore import TargetError, UnknownKindError
 
 
 @pytest.fixture(scope="module")

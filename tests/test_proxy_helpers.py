@@ -14,10 +14,18 @@ from typing import Any
 import psutil
 import pytest
 
-from zwcore import TargetError
+from harness.servers import (
+    EgressProxyConfig,
+    EnvoyProxyConfig,
+    HaproxyProxyConfig,
+    NginxProxyConfig,
+    NoProxyConfig,
+    Proxy,
+    make_proxy,
+)
 from harness.servers import ProxyConfigBase as AnyProxyConfig
-from harness.servers import EgressProxyConfig, EnvoyProxyConfig, HaproxyProxyConfig, NginxProxyConfig, NoProxyConfig, Proxy, make_proxy
 from harness.servers._configured import find_binary
+from zwcore import TargetError
 
 HINTS = {
     "nginx": "apt-get install nginx",

@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 from markupsafe import escape
 
+from harness.lifecycle._run import RunResult
 from harness.outputs._report import (
     REPORT_NAME,
     ReportError,
@@ -20,7 +21,6 @@ from harness.outputs._report import (
     write_report,
 )
 from harness.outputs._report._data import events, itl_ms, load_run, ttft_ms
-from harness.lifecycle._run import RunResult
 from tests._sim_runs import rst_run, sim_runs
 from tests.conftest import REPO, ZEROWINDOW
 

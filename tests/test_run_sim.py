@@ -8,10 +8,9 @@ import shutil
 import pandas as pd
 import pytest
 
-from harness.servers import EgressProxyConfig, NginxProxyConfig
 from harness.lifecycle._run import RunResult, run_scenario
-from harness.scenario import Scenario
-from harness.scenario import load_scenario
+from harness.scenario import Scenario, load_scenario
+from harness.servers import EgressProxyConfig, NginxProxyConfig
 from tests.conftest import REPO
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harness.runfolder import figures
 from harness.lifecycle._run import run_scenario
+from harness.runfolder import figures
 from harness.scenario import Scenario
 
 FLOOD = {

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from netem import (
     PRESETS,
+    DelayLine,
     DirectionProfile,
     LinkProfile,
     ShapingError,
@@ -22,6 +23,7 @@ from netem import (
     UnknownPreset,
     apply_profile,
     clean_all,
+    delay_line_processes,
     leftovers,
     measure_link,
     preset,
@@ -29,8 +31,6 @@ from netem import (
     resolve_profile,
     show,
 )
-from netem import DelayLine
-from netem import delay_line_processes
 from tests.netem_fixtures import NsPair, ns_pair
 
 REPO = Path(__file__).resolve().parents[1]
@@ -217,9 +217,8 @@ def test_netem_backend_requests_reach_the_kernel(link: NsPair):
 
     from pyroute2.netlink.exceptions import NetlinkError
 
-    from netem import BACKENDS, AppliedShaping
+    from netem import BACKENDS, AppliedShaping, shaping_tag
     from netem._shaping import _Applier
-    from netem import shaping_tag
 
     full = DirectionProfile(delay_ms=20, jitter_ms=5, loss_pct=1, rate_kbit=1000, reorder_pct=5,
                             duplicate_pct=1, corrupt_pct=0.1)

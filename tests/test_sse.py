@@ -6,8 +6,7 @@ import json
 
 import pytest
 
-from loadgen import TokenCounter, parse_payload, request_body
-from loadgen import SSEDecoder, SSEEvent
+from loadgen import SSEDecoder, SSEEvent, TokenCounter, parse_payload, request_body
 
 
 def decode(*reads: bytes) -> list[SSEEvent]:

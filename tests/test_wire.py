@@ -11,8 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from netem import socket_in
-from netem import WireCapture, stalled_flows, wire_events, write_wire_parquet
+from netem import WireCapture, socket_in, stalled_flows, wire_events, write_wire_parquet
 from tests.netem_fixtures import ns_pair
 
 STALL_S = 1.5

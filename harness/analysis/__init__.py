@@ -1,1 +1,41 @@
-"""analysis"""
+"""Analysis: a pure function of a run folder. One implementation of each latency definition
+(TTFT, per-token ITL, inter-chunk latency, TPOT), the per-request tables, the summary, the
+verdicts, stalled streams, client saturation and the proxy comparison."""
+
+from harness.analysis._analyze import (
+    Analysis,
+    RunFacts,
+    all_requests_failed,
+    analyze,
+    read_facts,
+    write_analysis,
+)
+from harness.analysis._comparison import (
+    Comparison,
+    DistortionThresholds,
+    buffering_distortion,
+    compare,
+)
+from harness.analysis._latency import inter_chunk, per_token_itl, percentile, tpot
+from harness.analysis._saturation import saturation_summary
+from harness.analysis._verdicts import KvHeldVerdict, kv_held_verdict
+
+__all__ = [
+    "Analysis",
+    "Comparison",
+    "DistortionThresholds",
+    "KvHeldVerdict",
+    "RunFacts",
+    "all_requests_failed",
+    "analyze",
+    "buffering_distortion",
+    "compare",
+    "inter_chunk",
+    "kv_held_verdict",
+    "per_token_itl",
+    "percentile",
+    "read_facts",
+    "saturation_summary",
+    "tpot",
+    "write_analysis",
+]

@@ -13,9 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pydantic import BaseModel
-
 from harness.analysis._latency import percentile
+from harness.runfolder import ProcessSaturation, SaturationSummary
 
 FILE_PREFIX = "saturation-"
 

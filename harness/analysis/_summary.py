@@ -10,13 +10,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel
 
-from harness.runfolder import LoadWorker
-from harness.runfolder import ProxySummary
-from harness.runfolder import SaturationSummary
-from harness.analysis._stalls import generation_tokens, undelivered_tokens
 from harness.analysis._latency import inter_chunk, per_token_itl, percentile
+from harness.analysis._stalls import generation_tokens, undelivered_tokens
+from harness.runfolder import GroupSummary, ServerSummary
 
 
 def _ms(values: list[float], q: float) -> float | None:

@@ -1,1 +1,22 @@
-"""collectors"""
+"""Collectors: what the run samples while the load runs: the server's ``/metrics``, its TCP
+sockets (``inet_diag``) and the proxy's memory, buffers and sockets."""
+
+from harness.collectors._collectors import (
+    SOCKET_COLUMNS,
+    MetricsScraper,
+    Sampler,
+    SocketSampler,
+    parse_vllm_metrics,
+)
+from harness.collectors._proxy_probe import ProxyProbe, parse_egress_metrics, tree_rss_bytes
+
+__all__ = [
+    "SOCKET_COLUMNS",
+    "MetricsScraper",
+    "ProxyProbe",
+    "Sampler",
+    "SocketSampler",
+    "parse_egress_metrics",
+    "parse_vllm_metrics",
+    "tree_rss_bytes",
+]

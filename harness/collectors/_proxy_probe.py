@@ -29,7 +29,6 @@ from typing import Any
 import httpx
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
-from pydantic import BaseModel
 
 from harness.collectors._collectors import Sampler
 from netem import tcp_sockets
@@ -155,39 +154,3 @@ class ProxyProbe(Sampler):
             super().stop()
             self.sample()
         self._client.close()
-
-
-def _peak(rows: list[dict[str, Any]], key: str) -> int | None:
-    values = [r[key] for r in rows if r.get(key) is not None]
-    return int(max(values)) if values else None
-
-
-def _rise(rows: list[dict[str, Any]], key: str) -> float | None:
-    values = [r[key] for r in rows if r.get(key) is not None]
-    return float(values[-1] - values[0]) if values else None
-
-
-def proxy_summary(name: str, kind: str, rows: list[dict[str, Any]]) -> ProxySummary:
-    """Summarize a :class:`ProxyProbe`'s rows (peaks of the gauges, rises of the counters)."""
-    mean = None
-    peak_sum, peak_count = _rise(rows, "stream_peak_sum"), _rise(rows, "stream_peak_count")
-    if peak_sum is not None and peak_count:
-        mean = peak_sum / peak_count
-    has_process = kind != "none"
-    return ProxySummary(
-        name=name,
-        kind=kind,
-        rss_peak_bytes=_peak(rows, "rss_bytes"),
-        buffered_peak_bytes=_peak(rows, "buffered_bytes"),
-        stream_buffered_peak_mean_bytes=mean,
-        client_send_q_peak_bytes=_peak(rows, "client_send_q_bytes") if has_process else None,
-        upstream_recv_q_peak_bytes=_peak(rows, "upstream_recv_q_bytes") if has_process else None,
-        cuts=_rise(rows, "cuts"),
-        upstream_aborts=_rise(rows, "upstream_aborts"),
-        samples=len(rows),
-        cut_reasons={
-            key.removeprefix("cuts_"): rise
-            for key in sorted({k for r in rows for k in r if k.startswith("cuts_")})
-            if (rise := _rise(rows, key))
-        },
-    )

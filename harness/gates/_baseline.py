@@ -21,14 +21,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
-from harness.runfolder import figures
-from harness.runfolder import RunSummary
+from harness.runfolder import RunSummary, figures
+from zwcore import RunFolderError
 
 # Where baselines live, relative to the directory `zerowindow` runs from (committed to git).
 BASELINE_DIR = Path("results") / "baselines"
 
 
-class BaselineError(Exception):
+class BaselineError(RunFolderError):
     """A baseline that cannot be saved or loaded; ``str(error)`` names the file and the fix."""
 
 

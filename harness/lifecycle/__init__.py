@@ -1,1 +1,47 @@
-"""lifecycle"""
+"""The run's life cycle: signals, the target and proxy, the network, the load processes (one
+Locust process per group, or a master with workers), the live progress display, proxy
+comparisons, and the conclusion (analysis → gates → outputs) shared with ``zerowindow
+analyze``."""
+
+from harness.lifecycle._comparison_run import ComparisonResult, run_comparison
+from harness.lifecycle._conclude import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_SETUP,
+    RunResult,
+    conclude,
+    exit_code,
+    reanalyze,
+)
+from harness.lifecycle._distributed import (
+    DistributedError,
+    Distribution,
+    parse_address,
+    run_worker,
+)
+from harness.lifecycle._progress import RunProgress
+from harness.lifecycle._run import run_configuration, run_scenario, url_target
+from harness.lifecycle._signals import RunInterrupted
+
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_SETUP",
+    "ComparisonResult",
+    "DistributedError",
+    "Distribution",
+    "RunInterrupted",
+    "RunProgress",
+    "RunResult",
+    "conclude",
+    "exit_code",
+    "parse_address",
+    "reanalyze",
+    "run_comparison",
+    "run_configuration",
+    "run_scenario",
+    "run_worker",
+    "url_target",
+]

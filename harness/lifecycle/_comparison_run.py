@@ -17,9 +17,7 @@ target.
 
 from __future__ import annotations
 
-import json
 import shutil
-import sys
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -28,31 +26,24 @@ from typing import Any
 
 import httpx
 
-from harness.collectors._collectors import parse_vllm_metrics
-from harness.analysis._comparison import Comparison, compare, write_comparison
-from harness.scenario import needs_baseline
-from harness.outputs._report import report_or_warning
-from harness.lifecycle._run import (
+from harness.analysis import Comparison, compare
+from harness.collectors import parse_vllm_metrics
+from harness.lifecycle._conclude import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_SETUP,
-    RunInterrupted,
     RunResult,
-    _check_gates,
-    _Run,
-    _signals_raise,
-    new_run_dir,
-    url_target,
 )
+from harness.lifecycle._run import run_configuration, url_target
 from harness.lifecycle._runinfo import host_facts, versions
-from harness.scenario import Scenario
-from harness.scenario import ScenarioError
+from harness.lifecycle._signals import RunInterrupted, signals_raise
+from harness.outputs import write_comparison
+from harness.runfolder import COMPARISON_RUN_JSON, SCENARIO_TOML, new_run_dir, write_json
+from harness.scenario import Scenario, ScenarioError, needs_baseline
 from harness.servers import Target, make_target
+from loadgen import FullSpeed, RequestSpec, build_prompt, prompt_seed, stream_request
 from zwcore import TargetError
-from loadgen import RequestSpec, stream_request
-from loadgen import build_prompt, prompt_seed
-from loadgen import FullSpeed
 
 IDLE_TIMEOUT_S = 120.0
 WARMUP_REQUESTS = 3
@@ -120,10 +111,6 @@ def warm_up(base_url: str, model: str, *, requests: int = WARMUP_REQUESTS) -> li
     return out
 
 
-def _write_json(path: Path, data: Any) -> None:
-    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
-
-
 def run_comparison(
     scenario: Scenario,
     *,
@@ -153,7 +140,7 @@ def run_comparison(
         scenario = scenario.model_copy(update={"target": url_target(scenario, target_url)})
     run_dir = new_run_dir(out_root, scenario.name)
     if scenario_path is not None:
-        shutil.copyfile(scenario_path, run_dir / "scenario.toml")
+        shutil.copyfile(scenario_path, run_dir / SCENARIO_TOML)
     target = make_target(scenario.target)
     result = ComparisonResult(run_dir)
     info: dict[str, Any] = {
@@ -164,7 +151,7 @@ def run_comparison(
         "started_utc": datetime.now(UTC).isoformat(),
         "idle_wait_s": {},
     }
-    with _signals_raise():
+    with signals_raise():
         try:
             target.start(run_dir)
             info["warmup"] = warm_up(target.base_url, target.served_model_name)
@@ -192,7 +179,7 @@ def run_comparison(
         failure=result.failure,
         ended_utc=datetime.now(UTC).isoformat(),
     )
-    _write_json(run_dir / "comparison-run.json", info)
+    write_json(run_dir / COMPARISON_RUN_JSON, info)
     return result
 
 
@@ -211,15 +198,10 @@ def _run_each(
         info["idle_wait_s"][named.name] = waited
         sub_dir = run_dir / named.name
         sub_dir.mkdir()
-        run = _Run(scenario, scenario_path, sub_dir, target, proxy=named, manage_target=False)
-        outcome = run.execute()
+        outcome = run_configuration(scenario, scenario_path, sub_dir, target, named)
         result.runs[named.name] = outcome
         if outcome.exit_code == EXIT_INTERRUPTED:
             raise RunInterrupted("signal")
-        # Each configuration is gated on its own figures (relative gates are refused up front).
-        _check_gates(run, outcome, None, skip_relative=False)
-        if warning := report_or_warning(sub_dir):
-            print(warning, file=sys.stderr)
         if outcome.exit_code != EXIT_OK:
             result.exit_code = EXIT_FAILED
             failed_gates = [g.gate for g in outcome.gates if not g.passed]

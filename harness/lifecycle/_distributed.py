@@ -29,18 +29,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel
-
 from harness.lifecycle._loadrun import LoadProcess
+from harness.runfolder import LoadWorker
+from zwcore import LoadError
 from harness.servers._process import start_process, stop_process_group
-from loadgen import GroupRunConfig, UserGroupConfig
-from loadgen import WORKER_DIR_ENV, WORKER_FORWARD_ENV, WORKER_NAME_ENV, group_file, locustfile_source, valid_worker_name, workers_log
+from loadgen import (
+    WORKER_DIR_ENV,
+    WORKER_FORWARD_ENV,
+    WORKER_NAME_ENV,
+    GroupRunConfig,
+    UserGroupConfig,
+    group_file,
+    locustfile_source,
+    valid_worker_name,
+    workers_log,
+)
 
 # How long a master waits for its workers to connect before giving up (s).
 EXPECT_WORKERS_MAX_WAIT_S = 60
 
 
-class DistributedError(ValueError):
+class DistributedError(LoadError, ValueError):
     """Invalid distributed settings (worker counts, master address)."""
 
 

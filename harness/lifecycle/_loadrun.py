@@ -15,8 +15,7 @@ from typing import Any
 
 import loadgen
 from harness.servers._process import start_process, stop_process_group
-from loadgen import UserGroupConfig
-from loadgen import SATURATION_ENV
+from loadgen import SATURATION_ENV, UserGroupConfig
 
 LOCUSTFILE = Path(loadgen.__file__).with_name("locustfile.py")
 

@@ -18,17 +18,24 @@ from typing import Any
 
 import pandas as pd
 
+from harness.scenario import Scenario, ScenarioError
 from harness.servers._health import free_port
-from harness.scenario import Scenario
-from harness.scenario import ScenarioError
-from netem import resolve_profile
-from netem import measure_link
-from netem import NetemError, process_start_ticks
-from netem import LinkProfile
-from netem import ShapingError, apply_profile, select_backend
-from netem import NetemState
-from netem import Topology
-from netem import CaptureError, WireCapture, stalled_flows, wire_events
+from netem import (
+    CaptureError,
+    LinkProfile,
+    NetemError,
+    NetemState,
+    ShapingError,
+    Topology,
+    WireCapture,
+    apply_profile,
+    measure_link,
+    process_start_ticks,
+    resolve_profile,
+    select_backend,
+    stalled_flows,
+    wire_events,
+)
 
 
 def _listen_fields(config: Any) -> tuple[str, str] | None:

@@ -9,132 +9,54 @@ the run failed.
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import signal
 import sys
 import time
 import traceback
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from types import FrameType
 from typing import Any
 from urllib.parse import urlsplit
 
 import pandas as pd
 from pydantic import ValidationError
 
-from harness.gates._baseline import Baseline, baseline_path, load_baseline
-from harness.collectors._collectors import SOCKET_COLUMNS, MetricsScraper, SocketSampler
+from harness.analysis import RunFacts
+from harness.collectors import SOCKET_COLUMNS, MetricsScraper, ProxyProbe, SocketSampler
+from harness.gates import Baseline, baseline_path, load_baseline
+from harness.lifecycle._conclude import RunResult, conclude
 from harness.lifecycle._distributed import (
     EXPECT_WORKERS_MAX_WAIT_S,
     Distribution,
     start_distributed_load,
     worker_reports,
 )
-from harness.runfolder import figures
-from harness.gates._evaluate import GateResult, evaluate_gates
-from harness.scenario import needs_baseline
-from harness.outputs._junit import write_junit
 from harness.lifecycle._loadrun import LoadProcess, start_load
 from harness.lifecycle._netrun import RunNetwork, plan_network
 from harness.lifecycle._progress import RunProgress
-from harness.servers import make_proxy
-from harness.collectors._proxy_probe import ProxyProbe, proxy_summary
-from harness.outputs._report import report_or_warning
 from harness.lifecycle._runinfo import host_facts, versions
-from harness.analysis._saturation import saturation_summary
-from harness.scenario import NamedProxyConfig, Scenario
-from harness.servers import UrlTargetConfig
-from harness.scenario import ScenarioError
-from harness.analysis._stalls import abort_times, attribute_aborts
-from harness.runfolder import RunSummary, to_builtin
-from harness.analysis._summary import group_names, summarize_group, summarize_server
-from harness.analysis._tables import chunks_frame, load_records, requests_frame
-from harness.runfolder import write_parquet
-from harness.servers import Target, make_target
-from zwcore import TargetError
-from harness.analysis._verdicts import kv_held_verdict
-from loadgen import group_files
-from netem import NetemError
+from harness.lifecycle._signals import RunInterrupted, signals_raise
+from harness.runfolder import (
+    ERROR_LOG,
+    PROXY,
+    RUN_JSON,
+    SCENARIO_TOML,
+    SERVER_METRICS,
+    SOCKETS,
+    LoadWorker,
+    new_run_dir,
+    write_json,
+    write_parquet,
+)
+from harness.scenario import NamedProxyConfig, Scenario, ScenarioError, needs_baseline
+from harness.servers import Target, UrlTargetConfig, make_proxy, make_target
+from zwcore import NetworkError, TargetError
 
-# Exit codes of `zerowindow run`.
-EXIT_OK, EXIT_FAILED, EXIT_SETUP, EXIT_INTERRUPTED = 0, 1, 2, 130
 # Scrapes in a row without an answer after which the target counts as dead.
 MAX_FAILED_SCRAPES = 12
 
 
-class RunInterrupted(Exception):
-    """SIGINT or SIGTERM arrived during a run."""
-
-
-@dataclass
-class RunResult:
-    """What a run produced: its folder, summary, the exit code `zerowindow run` returns, the
-    scenario's gates evaluated and the baseline file they used (if any)."""
-
-    run_dir: Path
-    summary: RunSummary
-    exit_code: int
-    gates: list[GateResult] = field(default_factory=list)
-    baseline: Path | None = None
-
-    @property
-    def figures(self) -> dict[str, float | None]:
-        """The run's figures by name (see :mod:`harness.runfolder._figures`)."""
-        return figures(self.summary)
-
-    @property
-    def gates_passed(self) -> bool:
-        """Whether every gate passed (true when there are none)."""
-        return all(g.passed for g in self.gates)
-
-
-@contextmanager
-def _signals_raise() -> Iterator[list[str]]:
-    """Turn the first SIGINT/SIGTERM into :class:`RunInterrupted`; ignore later ones so that
-    clean-up finishes. Yields a list that receives the signal names."""
-    received: list[str] = []
-    owner = os.getpid()
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        if os.getpid() != owner:
-            # A forked child (pyroute2 forks to enter namespaces) inherits this handler; the
-            # exception would unwind the child through the run's clean-up. It just exits.
-            os._exit(128 + signum)
-        received.append(signal.Signals(signum).name)
-        if len(received) == 1:
-            raise RunInterrupted(received[0])
-
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield received
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-
-
-def new_run_dir(out_root: Path, scenario: str) -> Path:
-    """``out_root/<scenario>/<UTC timestamp>/``, created; a suffix keeps it unique."""
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    base = out_root / scenario / stamp
-    run_dir, n = base, 1
-    while run_dir.exists():
-        n += 1
-        run_dir = base.with_name(f"{stamp}-{n}")
-    run_dir.mkdir(parents=True)
-    return run_dir
-
-
-def _write_json(path: Path, data: Any) -> None:
-    path.write_text(json.dumps(to_builtin(data), indent=2, default=str) + "\n")
-
-
-class _Run:
+class RunLifecycle:
     """State of one run; ``execute`` is the whole life cycle.
 
     ``proxy`` replaces the scenario's ``proxy`` (one entry of its ``proxies``);
@@ -170,7 +92,9 @@ class _Run:
         self.sockets: SocketSampler | None = None
         self.status = "complete"
         self.failure: str | None = None
-        self.exit_code = EXIT_OK
+        self.setup_failed = False
+        self.duration_s = 0.0
+        self.workers: list[LoadWorker] = []
         self.t_start = self.t_load = time.monotonic()
         self.progress: RunProgress | None = None
         self.phase = "starting target"
@@ -296,10 +220,13 @@ class _Run:
         self._tick("cooldown")
         self._sleep_checking(self.scenario.cooldown_s)
 
-    def execute(self) -> RunResult:
-        _write_json(self.run_dir / "run.json", self.info)
+    def execute(self) -> RunFacts:
+        """The whole life cycle: start, load, wait, and in every case release everything and
+        write the samples. Returns the :class:`~harness.analysis.RunFacts` for analysis;
+        never raises for failures of the target, the proxy, the network or the load."""
+        write_json(self.run_dir / RUN_JSON, self.info)
         started = False
-        with _signals_raise() as received:
+        with signals_raise() as received:
             try:
                 self._tick("starting target")
                 self._start_target()
@@ -307,31 +234,27 @@ class _Run:
                 self._start_load()
                 self._wait()
             except RunInterrupted as exc:
-                self.status, self.exit_code = "interrupted", EXIT_INTERRUPTED
-                self.failure = f"stopped by {exc}; partial results kept"
-            except TargetError as exc:
-                self.status = "failed"
-                self.exit_code = EXIT_FAILED if started else EXIT_SETUP
-                self.failure = str(exc)
-            except NetemError as exc:
-                self.status = "failed"
-                self.exit_code = EXIT_FAILED if started else EXIT_SETUP
-                self.failure = f"network: {exc}"
+                self.status, self.failure = "interrupted", f"stopped by {exc}; partial results kept"
+            except (TargetError, NetworkError) as exc:
+                self.status, self.setup_failed = "failed", not started
+                prefix = "network: " if isinstance(exc, NetworkError) else ""
+                self.failure = f"{prefix}{exc}"
             except OSError as exc:
-                self.status, self.exit_code = "failed", EXIT_SETUP
+                self.status, self.setup_failed = "failed", True
                 self.failure = f"cannot start the run: {exc}"
             except Exception as exc:  # a bug: keep what was measured, and say so
-                self.status, self.exit_code = "failed", EXIT_FAILED
-                self.failure = f"internal error {type(exc).__name__}: {exc} (see error.log)"
-                (self.run_dir / "error.log").write_text(traceback.format_exc())
+                self.status = "failed"
+                self.failure = f"internal error {type(exc).__name__}: {exc} (see {ERROR_LOG})"
+                (self.run_dir / ERROR_LOG).write_text(traceback.format_exc())
             finally:
-                summary = self._finish()
+                facts = self._finish()
             if received and self.status == "complete":
                 self.status = "interrupted"
-        return RunResult(self.run_dir, summary, self.exit_code)
+                facts = self._facts()
+        return facts
 
-    def _finish(self) -> RunSummary:
-        """Release everything, then write what was measured. Runs once, in ``finally``."""
+    def _finish(self) -> RunFacts:
+        """Release everything, then write the samples. Runs once, in ``finally``."""
         try:
             self._tick("writing results")
         except Exception:  # noqa: BLE001 - progress is best effort; a signal here is ignored
@@ -348,92 +271,52 @@ class _Run:
             self.network.teardown(self.run_dir)
             self.info["network"] = self.network.describe()
         self.info["proxy"] = self.proxy.describe()
-        self.info["client_facing_port"] = self.client_port
         self.info["load_processes"] = [ld.describe() for ld in self.loads]
         self.info["target"] = self.target.describe()
-        return self._write_results()
-
-    def _write_results(self) -> RunSummary:
-        metrics = pd.DataFrame(self.scraper.rows if self.scraper else [], columns=None)
+        self.info["ended_utc"] = datetime.now(UTC).isoformat()
+        metrics = pd.DataFrame(self.scraper.rows if self.scraper else [])
         if "scrape_ok" not in metrics:
-            metrics = pd.DataFrame(
-                {"t": pd.Series(dtype=float), "scrape_ok": pd.Series(dtype=bool)}
-            )
-        sockets = pd.DataFrame(
-            self.sockets.rows if self.sockets else [],
-            columns=SOCKET_COLUMNS,
-        )
-        groups = [g.name for g in self.scenario.groups]
-        records = load_records(p for g in groups for p in group_files(self.run_dir, "records", g))
-        # Requests meet the server on the client-facing port (the proxy's, if any).
-        client_sockets = sockets[sockets["local_port"] == self.client_port]
-        requests = requests_frame(records, client_sockets)
-        requests = attribute_aborts(requests, abort_times(metrics, requests["t_send"]))
-        chunks = chunks_frame(records)
-        for frame, name in (
-            (requests, "requests"),
-            (chunks, "chunks"),
-            (metrics, "server_metrics"),
-            (sockets, "sockets"),
-        ):
-            write_parquet(frame, self.run_dir / f"{name}.parquet")
-        t_first_send = float(requests["t_send"].min()) if len(requests) else None
-        # Only the load's own connections: not the scraper's, nor anyone else's.
-        load_sockets = client_sockets[
-            client_sockets["client_port"].isin(requests["client_port"].dropna())
-        ]
-        verdict = kv_held_verdict(
-            metrics,
-            load_sockets,
-            t_first_send=t_first_send,
-            generation_bound_s=self.scenario.verdict.generation_bound_s,
-            min_observe_s=self.scenario.verdict.min_observe_s,
-        )
-        names = group_names(requests, groups)
-        workers = [w for ld in self.loads for w in worker_reports(ld, self.run_dir)]
-        died = [w.message for w in workers if w.status != "finished"]
-        if died and self.status == "complete":
-            self.status, self.exit_code = "failed", EXIT_FAILED
-            self.failure = "; ".join(died)
-        if self.status == "complete" and (reason := _all_requests_failed(requests)):
-            self.status, self.exit_code, self.failure = "failed", EXIT_FAILED, reason
-        summary = RunSummary(
-            scenario=self.scenario.name,
-            status=self.status,
-            failure=self.failure,
-            duration_s=time.monotonic() - self.t_start,
-            groups=[summarize_group(n, requests, chunks) for n in names],
-            server=summarize_server(
-                metrics, self.scraper.missing() if self.scraper else [], requests
-            ),
-            verdicts={"kv_held_by_undelivered_streams": verdict.as_dict()},
-            client_saturation=saturation_summary(
-                [p for g in groups for p in _saturation_files(self.run_dir, g)]
-            ),
-            proxy=proxy_summary(
-                self.proxy_name, self.proxy_kind, self.probe.rows if self.probe else []
-            ),
-            stalled_flows=self.network.stalled if self.network and self.network.captures else None,
-            load_workers=workers,
-        )
+            metrics = pd.DataFrame({"t": pd.Series(dtype=float), "scrape_ok": pd.Series(dtype=bool)})
+        sockets = pd.DataFrame(self.sockets.rows if self.sockets else [], columns=SOCKET_COLUMNS)
+        write_parquet(metrics, self.run_dir / SERVER_METRICS)
+        write_parquet(sockets, self.run_dir / SOCKETS)
         if self.probe is not None:
-            write_parquet(pd.DataFrame(self.probe.rows), self.run_dir / "proxy.parquet")
-        _write_json(self.run_dir / "summary.json", summary.model_dump(mode="json"))
-        self.info.update(
+            write_parquet(pd.DataFrame(self.probe.rows), self.run_dir / PROXY)
+        self.workers = [w for ld in self.loads for w in worker_reports(ld, self.run_dir)]
+        died = [w.message for w in self.workers if w.status != "finished"]
+        if died and self.status == "complete":
+            self.status, self.failure = "failed", "; ".join(died)
+        self.duration_s = time.monotonic() - self.t_start
+        return self._facts()
+
+    def _facts(self) -> RunFacts:
+        return RunFacts(
+            scenario=self.scenario,
             status=self.status,
             failure=self.failure,
-            exit_code=self.exit_code,
-            client_saturated=summary.client_saturation.saturated,
-            client_saturation=summary.client_saturation.message,
-            ended_utc=datetime.now(UTC).isoformat(),
+            duration_s=self.duration_s,
+            proxy_name=self.proxy_name,
+            proxy_kind=self.proxy_kind,
+            client_port=self.client_port,
+            missing_metrics=self.scraper.missing() if self.scraper else [],
+            stalled_flows=self.network.stalled if self.network and self.network.captures else None,
+            load_workers=self.workers,
         )
-        _write_json(self.run_dir / "run.json", self.info)
-        return summary
 
 
-def _saturation_files(run_dir: Path, group: str) -> list[Path]:
-    # A group that was never sampled still names its file, so that the summary says so.
-    return group_files(run_dir, "saturation", group) or [run_dir / f"saturation-{group}.jsonl"]
+def run_configuration(
+    scenario: Scenario,
+    scenario_path: Path | None,
+    run_dir: Path,
+    target: Target,
+    proxy: NamedProxyConfig,
+) -> RunResult:
+    """Run ``scenario``'s load through ``proxy`` against ``target``, which is already running
+    and is left running (one configuration of a comparison), and conclude it in ``run_dir``
+    (gated on its own figures: relative gates are refused for comparisons up front)."""
+    run = RunLifecycle(scenario, scenario_path, run_dir, target, proxy=proxy, manage_target=False)
+    facts = run.execute()
+    return conclude(run_dir, facts, run.info, setup_failed=run.setup_failed)
 
 
 def url_target(scenario: Scenario, url: str) -> UrlTargetConfig:
@@ -448,16 +331,6 @@ def url_target(scenario: Scenario, url: str) -> UrlTargetConfig:
         raise ScenarioError(f"--target-url {url!r}: {reason}") from None
 
 
-def _all_requests_failed(requests: pd.DataFrame) -> str | None:
-    """Why the run measured nothing when every request got an HTTP error (a wrong model name,
-    a wrong URL), else ``None``."""
-    if not len(requests) or set(requests["outcome"]) != {"http_error"}:
-        return None
-    first = requests["error"].dropna()
-    detail = f": {str(first.iloc[0])[:300]}" if len(first) else ""
-    return f"every request ({len(requests)}) got an HTTP error{detail}"
-
-
 def _baseline_for(
     scenario: Scenario, path: Path | None, *, use: bool = True
 ) -> tuple[Path, Baseline] | None:
@@ -467,48 +340,6 @@ def _baseline_for(
         return None
     path = path or baseline_path(scenario.name)
     return path, load_baseline(path)
-
-
-def _check_gates(
-    run: _Run, result: RunResult, base: tuple[Path, Baseline] | None, *, skip_relative: bool
-) -> None:
-    """Evaluate the gates, write ``gates.json`` and ``junit.xml``, and turn a complete run
-    with a failed gate into exit code 1 (recorded in ``run.json``)."""
-    result.baseline = base[0] if base else None
-    result.gates = evaluate_gates(
-        run.scenario.gates,
-        result.figures,
-        base[1].figures if base else None,
-        baseline_source=f"baseline {base[0]}" if base else "the baseline",
-        skip_relative=skip_relative,
-    )
-    if result.exit_code == EXIT_OK and not result.gates_passed:
-        result.exit_code = EXIT_FAILED
-    _write_json(
-        run.run_dir / "gates.json",
-        {
-            "baseline": str(result.baseline) if result.baseline else None,
-            "baseline_provenance": base[1].provenance if base else None,
-            "gates": [vars(g) for g in result.gates],
-        },
-    )
-    write_junit(
-        run.run_dir / "junit.xml",
-        result.summary,
-        result.gates,
-        run_dir=run.run_dir,
-        baseline=result.baseline,
-    )
-    run.info.update(
-        exit_code=result.exit_code,
-        gates={
-            "passed": sum(g.passed and not g.skipped for g in result.gates),
-            "failed": sum(not g.passed for g in result.gates),
-            "skipped": sum(g.skipped for g in result.gates),
-            "baseline": str(result.baseline) if result.baseline else None,
-        },
-    )
-    _write_json(run.run_dir / "run.json", run.info)
 
 
 def run_scenario(
@@ -552,8 +383,8 @@ def run_scenario(
     base = _baseline_for(scenario, baseline, use=use_baseline)
     run_dir = new_run_dir(out_root, scenario.name)
     if scenario_path is not None:
-        shutil.copyfile(scenario_path, run_dir / "scenario.toml")
-    run = _Run(
+        shutil.copyfile(scenario_path, run_dir / SCENARIO_TOML)
+    run = RunLifecycle(
         scenario,
         scenario_path,
         run_dir,
@@ -570,11 +401,15 @@ def run_scenario(
             max_duration_s=scenario.max_duration_s,
         )
     try:
-        result = run.execute()
+        facts = run.execute()
     finally:
         if progress is not None:
             progress.stop()
-    _check_gates(run, result, base, skip_relative=not use_baseline)
-    if warning := report_or_warning(run_dir):  # after the results; never changes the result
-        print(warning, file=sys.stderr)
-    return result
+    return conclude(
+        run_dir,
+        facts,
+        run.info,
+        setup_failed=run.setup_failed,
+        baseline=base,
+        skip_relative=not use_baseline,
+    )

@@ -1,1 +1,37 @@
-"""outputs"""
+"""Outputs: what people and CI systems read of a run: the console tables, ``junit.xml``, the
+GitHub step summary, the HTML report, ``zerowindow compare`` and the proxy comparison."""
+
+from harness.outputs._compare import compare_runs, html_page, render
+from harness.outputs._comparison import print_comparison, to_markdown, write_comparison
+from harness.outputs._console import print_gates, print_summary
+from harness.outputs._junit import junit_xml, write_junit
+from harness.outputs._report import ReportError, render_report, report_or_warning, write_report
+from harness.outputs._step_summary import (
+    ENV as STEP_SUMMARY_ENV,
+)
+from harness.outputs._step_summary import (
+    append_setup_error,
+    append_step_summary,
+    step_summary_markdown,
+)
+
+__all__ = [
+    "STEP_SUMMARY_ENV",
+    "ReportError",
+    "append_setup_error",
+    "append_step_summary",
+    "compare_runs",
+    "html_page",
+    "junit_xml",
+    "print_comparison",
+    "print_gates",
+    "print_summary",
+    "render",
+    "render_report",
+    "report_or_warning",
+    "step_summary_markdown",
+    "to_markdown",
+    "write_comparison",
+    "write_junit",
+    "write_report",
+]

@@ -19,11 +19,17 @@ from markupsafe import Markup
 from pydantic import ValidationError
 from rich.table import Table
 
-from harness.runfolder import figures
 from harness.outputs._report import fmt_number
-from harness.outputs._report._data import ReportError, RunData, itl_ms, load_run, ttft_ms, user_classes
+from harness.outputs._report._data import (
+    ReportError,
+    RunData,
+    itl_ms,
+    load_run,
+    ttft_ms,
+    user_classes,
+)
 from harness.outputs._report._plots import cdf_figure, fragment, plotly_js
-from harness.runfolder import RunSummary
+from harness.runfolder import RunSummary, figures
 
 FORMATS = ("table", "markdown", "csv", "json")
 

@@ -33,6 +33,7 @@ __all__ = [
     "VerdictConfig",
     "load_scenario",
     "needs_baseline",
+    "parse_gate",
     "parse_scenario",
     "unknown_figures",
 ]

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import operator
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 OPS: dict[str, Callable[[float, float], bool]] = {

@@ -8,12 +8,7 @@ process of identical users with one read behaviour), and collector and verdict s
 from __future__ import annotations
 
 import difflib
-import re
-import tomllib
-from collections.abc import Mapping
-from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -21,7 +16,6 @@ from pydantic import (
     Field,
     PlainSerializer,
     PlainValidator,
-    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,

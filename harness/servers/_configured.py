@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from harness.servers._base import Proxy
-from zwcore import TargetError
 from harness.servers._health import free_port
 from harness.servers._process import ServerProcess
+from zwcore import TargetError
 
 
 def duration_ms(seconds: float) -> str:

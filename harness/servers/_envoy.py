@@ -23,9 +23,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field
 
-from harness.servers._health import free_port
 from harness.servers._base import PROXIES, Proxy, ProxyConfigBase
 from harness.servers._configured import ConfiguredProxy
+from harness.servers._health import free_port
 
 HCM_TYPE = (
     "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3."

@@ -9,9 +9,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from zwcore import TargetError
 from harness.servers._health import wait_healthy
 from netem import exec_prefix
+from zwcore import TargetError
 
 
 def start_process(

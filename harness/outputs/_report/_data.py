@@ -15,11 +15,12 @@ import numpy as np
 import pandas as pd
 
 from loadgen import RequestRecord, read_records
+from zwcore import RunFolderError
 
 TABLES = ("requests", "chunks", "server_metrics", "sockets")
 
 
-class ReportError(Exception):
+class ReportError(RunFolderError):
     """A run folder that cannot be read; the message names the folder or file and why."""
 
 

@@ -1,0 +1,201 @@
+"""Analysis: a pure function of a run folder.
+
+:func:`analyze` reads what a run measured (the load processes' records and saturation samples,
+the scrapes of the server's ``/metrics``, the socket and proxy samples) and what its life cycle
+recorded in ``run.json`` (:class:`RunFacts`), and returns the per-request and per-chunk tables
+and the summary. It writes nothing: :func:`write_analysis` does, so that ``zerowindow analyze
+RUN_DIR`` re-runs it on any run folder, on any machine, and reproduces ``summary.json``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from harness.analysis._proxy import proxy_summary
+from harness.analysis._saturation import saturation_summary
+from harness.analysis._stalls import abort_times, attribute_aborts
+from harness.analysis._summary import group_names, summarize_group, summarize_server
+from harness.analysis._tables import chunks_frame, load_records, requests_frame
+from harness.analysis._verdicts import kv_held_verdict
+from harness.collectors import SOCKET_COLUMNS
+from harness.runfolder import (
+    CHUNKS,
+    PROXY,
+    REQUESTS,
+    RUN_JSON,
+    SERVER_METRICS,
+    SOCKETS,
+    SUMMARY_JSON,
+    LoadWorker,
+    RunSummary,
+    read_json,
+    read_parquet,
+    records_files,
+    saturation_files,
+    write_json,
+    write_parquet,
+)
+from harness.scenario import Scenario
+from zwcore import RunFolderError
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What a run's life cycle recorded that analysis needs (``run.json``).
+
+    ``status``: ``complete``, ``failed`` or ``interrupted``, with ``failure`` saying why;
+    ``duration_s``: from the run's start to the end of its clean-up; ``proxy_name`` and
+    ``proxy_kind``: the proxy configuration the load went through; ``client_port``: the port
+    the clients connected to (the proxy's, if any); ``missing_metrics``: metrics the server
+    never reported; ``stalled_flows``: the wire capture's stalled flows (``None`` without a
+    capture); ``load_workers``: what became of each Locust worker (``--workers``).
+    """
+
+    scenario: Scenario
+    status: str
+    failure: str | None
+    duration_s: float
+    proxy_name: str
+    proxy_kind: str
+    client_port: int | None
+    missing_metrics: list[str] = field(default_factory=list)
+    stalled_flows: list[dict[str, Any]] | None = None
+    load_workers: list[LoadWorker] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The facts as ``run.json`` keeps them (the scenario is there already)."""
+        return {
+            "status": self.status,
+            "failure": self.failure,
+            "duration_s": self.duration_s,
+            "proxy_name": self.proxy_name,
+            "client_facing_port": self.client_port,
+            "missing_metrics": self.missing_metrics,
+            "load_workers": [w.model_dump(mode="json") for w in self.load_workers],
+        }
+
+
+def read_facts(run_dir: Path) -> RunFacts:
+    """The :class:`RunFacts` of the run folder ``run_dir``, from its ``run.json``. Folders
+    written before ``run.json`` kept every fact take the missing ones from the
+    ``summary.json`` the run wrote. Raises :class:`~zwcore.RunFolderError` for a folder
+    without a readable ``run.json`` or scenario."""
+    info = read_json(run_dir / RUN_JSON)
+    old = read_json(run_dir / SUMMARY_JSON) if (run_dir / SUMMARY_JSON).exists() else {}
+    try:
+        scenario = Scenario.model_validate(info["scenario"])
+    except (KeyError, ValueError) as exc:
+        raise RunFolderError(f"{run_dir / RUN_JSON}: no valid scenario ({exc})") from None
+    old_proxy = old.get("proxy") or {}
+    old_server = old.get("server") or {}
+    proxy = info.get("proxy") or {}
+    workers = info.get("load_workers", old.get("load_workers", []))
+    duration = info.get("duration_s", old.get("duration_s"))
+    if duration is None:
+        raise RunFolderError(f"{run_dir / RUN_JSON}: the run did not record its duration")
+    return RunFacts(
+        scenario=scenario,
+        status=str(info.get("status", old.get("status", "failed"))),
+        failure=info.get("failure", old.get("failure")),
+        duration_s=float(duration),
+        proxy_name=str(info.get("proxy_name", old_proxy.get("name", proxy.get("kind", "none")))),
+        proxy_kind=str(proxy.get("kind", old_proxy.get("kind", "none"))),
+        client_port=info.get("client_facing_port"),
+        missing_metrics=list(
+            info.get("missing_metrics", old_server.get("missing_metrics", []))
+        ),
+        stalled_flows=(info.get("network") or {}).get("stalled_flows"),
+        load_workers=[LoadWorker.model_validate(w) for w in workers],
+    )
+
+
+@dataclass
+class Analysis:
+    """What :func:`analyze` derives from a run folder: ``requests`` and ``chunks`` (the tables
+    of ``requests.parquet`` and ``chunks.parquet``) and the ``summary``."""
+
+    summary: RunSummary
+    requests: pd.DataFrame
+    chunks: pd.DataFrame
+
+
+def _metrics(run_dir: Path) -> pd.DataFrame:
+    metrics = read_parquet(run_dir / SERVER_METRICS)
+    if "scrape_ok" not in metrics:
+        metrics = pd.DataFrame({"t": pd.Series(dtype=float), "scrape_ok": pd.Series(dtype=bool)})
+    return metrics
+
+
+def _sockets(run_dir: Path) -> pd.DataFrame:
+    sockets = read_parquet(run_dir / SOCKETS)
+    return sockets if len(sockets.columns) else pd.DataFrame(columns=SOCKET_COLUMNS)
+
+
+def all_requests_failed(requests: pd.DataFrame) -> str | None:
+    """Why the run measured nothing when every request got an HTTP error (a wrong model name,
+    a wrong URL), else ``None``."""
+    if not len(requests) or set(requests["outcome"]) != {"http_error"}:
+        return None
+    first = requests["error"].dropna()
+    detail = f": {str(first.iloc[0])[:300]}" if len(first) else ""
+    return f"every request ({len(requests)}) got an HTTP error{detail}"
+
+
+def analyze(run_dir: Path, facts: RunFacts | None = None) -> Analysis:
+    """Analyse the run folder ``run_dir`` (``facts``: the life cycle's record of the run;
+    default :func:`read_facts`). Reads, never writes. A ``complete`` run in which every request
+    got an HTTP error is summarized as ``failed`` with the first error. Raises
+    :class:`~zwcore.RunFolderError` for a file that cannot be read."""
+    facts = facts or read_facts(run_dir)
+    scenario = facts.scenario
+    metrics, sockets = _metrics(run_dir), _sockets(run_dir)
+    groups = [g.name for g in scenario.groups]
+    records = load_records(p for g in groups for p in records_files(run_dir, g))
+    # Requests meet the server on the client-facing port (the proxy's, if any).
+    client_sockets = sockets[sockets["local_port"] == facts.client_port]
+    requests = requests_frame(records, client_sockets)
+    requests = attribute_aborts(requests, abort_times(metrics, requests["t_send"]))
+    chunks = chunks_frame(records)
+    t_first_send = float(requests["t_send"].min()) if len(requests) else None
+    # Only the load's own connections: not the scraper's, nor anyone else's.
+    load_sockets = client_sockets[
+        client_sockets["client_port"].isin(requests["client_port"].dropna())
+    ]
+    verdict = kv_held_verdict(
+        metrics,
+        load_sockets,
+        t_first_send=t_first_send,
+        generation_bound_s=scenario.verdict.generation_bound_s,
+        min_observe_s=scenario.verdict.min_observe_s,
+    )
+    status, failure = facts.status, facts.failure
+    if status == "complete" and (reason := all_requests_failed(requests)):
+        status, failure = "failed", reason
+    proxy_rows = read_parquet(run_dir / PROXY).to_dict("records")
+    summary = RunSummary(
+        scenario=scenario.name,
+        status=status,
+        failure=failure,
+        duration_s=facts.duration_s,
+        groups=[summarize_group(n, requests, chunks) for n in group_names(requests, groups)],
+        server=summarize_server(metrics, facts.missing_metrics, requests),
+        verdicts={"kv_held_by_undelivered_streams": verdict.as_dict()},
+        client_saturation=saturation_summary(
+            [p for g in groups for p in saturation_files(run_dir, g)]
+        ),
+        proxy=proxy_summary(facts.proxy_name, facts.proxy_kind, proxy_rows),
+        stalled_flows=facts.stalled_flows,
+        load_workers=facts.load_workers,
+    )
+    return Analysis(summary=summary, requests=requests, chunks=chunks)
+
+
+def write_analysis(run_dir: Path, analysis: Analysis) -> None:
+    """Write ``requests.parquet``, ``chunks.parquet`` and ``summary.json`` into ``run_dir``."""
+    write_parquet(analysis.requests, run_dir / REQUESTS)
+    write_parquet(analysis.chunks, run_dir / CHUNKS)
+    write_json(run_dir / SUMMARY_JSON, analysis.summary.model_dump(mode="json"))

@@ -1,0 +1,132 @@
+"""The end of every run, and all of ``zerowindow analyze``: analysis → gates → outputs.
+
+:func:`conclude` takes a run folder and its life cycle's :class:`~harness.analysis.RunFacts`,
+analyses it, evaluates the gates, decides the exit code (:func:`exit_code`, the one place that
+does), writes ``summary.json``, ``gates.json``, ``junit.xml``, the end of ``run.json`` and the
+report. Each stage takes what the one before produced and writes nothing back.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from harness.analysis import RunFacts, analyze, read_facts, write_analysis
+from harness.gates import Baseline, GateResult, evaluate_gates
+from harness.outputs import report_or_warning, write_junit
+from harness.runfolder import GATES_JSON, RUN_JSON, RunSummary, figures, read_json, write_json
+from harness.scenario import Gate
+
+# Exit codes of `zerowindow run` and `zerowindow analyze` (docs/ci.md).
+EXIT_OK, EXIT_FAILED, EXIT_SETUP, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+@dataclass
+class RunResult:
+    """What a run produced: its folder, summary, the exit code `zerowindow run` returns, the
+    scenario's gates evaluated and the baseline file they used (if any)."""
+
+    run_dir: Path
+    summary: RunSummary
+    exit_code: int
+    gates: list[GateResult] = field(default_factory=list)
+    baseline: Path | None = None
+
+    @property
+    def figures(self) -> dict[str, float | None]:
+        """The run's figures by name (see :mod:`harness.runfolder`)."""
+        return figures(self.summary)
+
+    @property
+    def gates_passed(self) -> bool:
+        """Whether every gate passed (true when there are none)."""
+        return all(g.passed for g in self.gates)
+
+
+def exit_code(status: str, *, setup_failed: bool, gates: Sequence[GateResult]) -> int:
+    """The exit code of a run: 130 interrupted; 2 failed before the load started
+    (``setup_failed``); 1 failed while running, or complete with a failed gate; 0 complete
+    with every gate passed."""
+    if status == "interrupted":
+        return EXIT_INTERRUPTED
+    if status != "complete":
+        return EXIT_SETUP if setup_failed else EXIT_FAILED
+    return EXIT_OK if all(g.passed for g in gates) else EXIT_FAILED
+
+
+def conclude(
+    run_dir: Path,
+    facts: RunFacts,
+    info: dict[str, Any],
+    *,
+    setup_failed: bool,
+    baseline: tuple[Path, Baseline] | None = None,
+    skip_relative: bool = False,
+    report: bool = True,
+) -> RunResult:
+    """Analyse ``run_dir``, gate it (against ``baseline``, if given; ``skip_relative``: see
+    :func:`~harness.gates.evaluate_gates`) and write the results (module docstring). ``info``
+    is ``run.json`` as the run began it; the end of the run is added to it. A report that
+    cannot be written is a warning on stderr and changes nothing else."""
+    analysis = analyze(run_dir, facts)
+    write_analysis(run_dir, analysis)
+    summary = analysis.summary
+    gates: list[Gate] = list(facts.scenario.gates)
+    results = evaluate_gates(
+        gates,
+        figures(summary),
+        baseline[1].figures if baseline else None,
+        baseline_source=f"baseline {baseline[0]}" if baseline else "the baseline",
+        skip_relative=skip_relative,
+    )
+    code = exit_code(summary.status, setup_failed=setup_failed, gates=results)
+    result = RunResult(run_dir, summary, code, results, baseline[0] if baseline else None)
+    write_json(
+        run_dir / GATES_JSON,
+        {
+            "baseline": str(result.baseline) if result.baseline else None,
+            "baseline_provenance": baseline[1].provenance if baseline else None,
+            "gates": [vars(g) for g in results],
+        },
+    )
+    write_junit(run_dir / "junit.xml", summary, results, run_dir=run_dir, baseline=result.baseline)
+    info.update(
+        facts.as_dict(),
+        status=summary.status,
+        failure=summary.failure,
+        setup_failed=setup_failed,
+        exit_code=code,
+        client_saturated=summary.client_saturation.saturated,
+        client_saturation=summary.client_saturation.message,
+        gates={
+            "passed": sum(g.passed and not g.skipped for g in results),
+            "failed": sum(not g.passed for g in results),
+            "skipped": sum(g.skipped for g in results),
+            "baseline": str(result.baseline) if result.baseline else None,
+        },
+    )
+    info.setdefault("ended_utc", datetime.now(UTC).isoformat())
+    write_json(run_dir / RUN_JSON, info)
+    if report and (warning := report_or_warning(run_dir)):
+        print(warning, file=sys.stderr)
+    return result
+
+
+def reanalyze(
+    run_dir: Path, *, baseline: tuple[Path, Baseline] | None = None, skip_relative: bool = False
+) -> RunResult:
+    """``zerowindow analyze RUN_DIR``: :func:`conclude` again on a run folder written by an
+    earlier run (on this machine or another), from what its ``run.json`` recorded. On an
+    unchanged folder it reproduces ``summary.json``. Raises :class:`~zwcore.RunFolderError`
+    for a folder that is not a run folder."""
+    info = read_json(run_dir / RUN_JSON)
+    facts = read_facts(run_dir)
+    setup_failed = bool(info.get("setup_failed", info.get("exit_code") == EXIT_SETUP))
+    return conclude(
+        run_dir, facts, info, setup_failed=setup_failed, baseline=baseline,
+        skip_relative=skip_relative,
+    )  # fmt: skip
