@@ -19,6 +19,7 @@ import h11
 
 from harness._egress._client import READ_CHUNK, Client
 from harness._egress._config import EgressConfig
+from zwcore import ProxyError
 
 UPSTREAM_MAX_HEAD_BYTES = 64 * 1024
 """Largest upstream response head accepted; a larger one is an upstream error (502)."""
@@ -50,8 +51,12 @@ REASONS = {
 }
 
 
-class Refused(Exception):
-    """The request was answered with an error status by the proxy itself."""
+class Refused(ProxyError):
+    """The request was answered with an error status by the proxy itself.
+
+    Internal: raised by ``read_request`` and caught by the connection's request loop, never
+    beyond it. A ``zwcore.ProxyError`` (so also an ``Exception``) like every exception class
+    of the egress buffer."""
 
     def __init__(self, status: int, reason: str, *, linger: bool = True) -> None:
         super().__init__(status, reason)
