@@ -1,0 +1,97 @@
+"""One client connection of the egress buffer: its state, and closing it gracefully.
+
+A ``Client`` holds what every part of the proxy needs about one connection: its asyncio
+stream and transport (whose write buffer is the stream's host-memory buffer), its h11 state,
+the upstream connection of the response in progress, and the write-progress bookkeeping the
+stall watchdog (``_watchdog``) reads and updates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import h11
+
+READ_CHUNK = 64 * 1024
+"""Bytes per read from either side."""
+LINGER_S = 1.0
+LINGER_BYTES = 256 * 1024
+"""After an error response, the request bytes still arriving are read and discarded for at
+most this long / this much before closing, so the response is not lost to a RST (closing a
+socket with unread data resets it)."""
+
+
+class Client:
+    """One client connection: its streams, h11 state and write-progress bookkeeping."""
+
+    __slots__ = (
+        "reader",
+        "writer",
+        "transport",
+        "conn",
+        "task",
+        "peer",
+        "written",
+        "last_sent",
+        "last_progress",
+        "stall_start",
+        "cut_reason",
+        "upstream",
+        "client_closed",
+        "idle",
+        "peak",
+    )
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        max_header_bytes: int,
+    ) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.transport = writer.transport
+        self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=max_header_bytes)
+        self.task = asyncio.current_task()
+        peer = writer.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.written = 0  # bytes handed to the transport
+        self.last_sent = 0  # bytes accepted by the kernel at the last watchdog tick
+        self.last_progress = time.monotonic()
+        self.stall_start: float | None = None
+        self.cut_reason: str | None = None
+        self.upstream: asyncio.WriteTransport | None = None  # while a response is unfinished
+        self.client_closed = False
+        self.idle = True  # waiting for the first byte of a request
+        self.peak = 0
+
+    def write(self, data: bytes) -> None:
+        """Hand ``data`` to the transport (no-op once the connection is closing)."""
+        if self.transport.is_closing():
+            return
+        self.transport.write(data)
+        self.written += len(data)
+        size = self.transport.get_write_buffer_size()
+        if size > self.peak:
+            self.peak = size
+
+
+async def linger_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Send FIN after the pending response, discard what the client still sends for a
+    short while, then close (an error response is not lost to a RST)."""
+    try:
+        if writer.can_write_eof():
+            writer.write_eof()
+        async with asyncio.timeout(LINGER_S):
+            received = 0
+            while received < LINGER_BYTES:
+                data = await reader.read(READ_CHUNK)
+                if not data:
+                    break
+                received += len(data)
+    except (TimeoutError, OSError, RuntimeError):
+        pass
+    finally:
+        writer.close()
