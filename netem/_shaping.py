@@ -35,6 +35,7 @@ from typing import Any, Protocol
 
 from pyroute2.netlink.exceptions import NetlinkError
 
+from netem._errors import ShapingError, ShapingUnsupported
 from netem._nsexec import NetnsError, ipr, ns_argv, run
 from netem._probe import KCONFIG, KernelFeatures, probe_kernel
 from netem._profiles import DirectionProfile, LinkProfile
@@ -53,14 +54,6 @@ OnCreate = Callable[[str, str, "str | None"], None]
 TBF_QUEUE_S = 0.2
 _FRAME = 1514
 _READY_TIMEOUT_S = 15.0
-
-
-class ShapingError(RuntimeError):
-    """Applying a profile failed; everything created so far has been removed again."""
-
-
-class ShapingUnsupported(ShapingError):
-    """No selected backend can honour the profile here; the message names what is missing."""
 
 
 @dataclass
