@@ -182,7 +182,7 @@ def test_3g_preset_measures_as_requested(link: NsPair, tmp_path: Path):
 
 
 def test_netem_backend_options_use_tc_units():
-    from netem._shaping import NetemBackend
+    from netem._shaping_netem import NetemBackend
 
     o = NetemBackend.options(DirectionProfile(delay_ms=150, jitter_ms=20, loss_pct=1.5,
                                               rate_kbit=700, reorder_pct=5, corrupt_pct=0.1))
@@ -232,7 +232,7 @@ def test_netem_backend_requests_reach_the_kernel(link: NsPair):
                                ifname=link.client_if,
                                tag=shaping_tag(link.client_ns, link.client_if))
             with pytest.raises(NetlinkError) as e:
-                BACKENDS["netem"].apply(p, _Applier(s, None, f))
+                BACKENDS.get("netem")().apply(p, _Applier(s, None, f))
             assert e.value.code == errno.ENOENT
             assert s.release() == []
         _nothing_left(link)
