@@ -46,7 +46,7 @@ def check_profiles(groups: dict[str, str], custom: dict[str, dict[str, Any]]) ->
     return problems
 
 
-def resolve_profile(name: str, custom: dict[str, dict[str, Any]]) -> LinkProfile | None:
+def resolve_group_profile(name: str, custom: dict[str, dict[str, Any]]) -> LinkProfile | None:
     """The link profile called ``name`` (``None`` for ``"none"``). Raises ``KeyError`` for an
     unknown name, pydantic's ``ValidationError`` for a bad custom profile."""
     if name == NONE:
@@ -57,3 +57,8 @@ def resolve_profile(name: str, custom: dict[str, dict[str, Any]]) -> LinkProfile
     if name not in PRESETS:
         raise KeyError(name)
     return PRESETS[name]
+
+
+# The name callers have imported it by (it is exported from ``netem`` as resolve_group_profile,
+# since ``netem.resolve_profile`` is :func:`netem._profiles.resolve_profile`).
+resolve_profile = resolve_group_profile

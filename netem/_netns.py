@@ -19,6 +19,8 @@ from typing import TypeVar
 
 from pyroute2 import netns as _pr_netns
 
+from netem._errors import NetemError, NetemPermissionError
+
 # Linux capability number of CAP_NET_ADMIN (include/uapi/linux/capability.h).
 CAP_NET_ADMIN = 12
 # Every name the toolkit gives a namespace, interface or nftables table starts with this.
@@ -26,14 +28,6 @@ PREFIX = "zw-"
 NETNS_DIR = Path("/run/netns")
 
 T = TypeVar("T")
-
-
-class NetemError(Exception):
-    """A namespace, link or shaping operation failed; the message says which and why."""
-
-
-class NetemPermissionError(NetemError):
-    """The process lacks CAP_NET_ADMIN, which namespaces, links and qdiscs need."""
 
 
 def has_net_admin() -> bool:

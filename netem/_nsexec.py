@@ -16,14 +16,12 @@ from typing import TypeVar
 
 from pyroute2 import IPRoute
 
+from netem._errors import NetnsError
+
 NETNS_DIR = "/run/netns"
 _CLONE_NEWNET = 0x40000000
 
 T = TypeVar("T")
-
-
-class NetnsError(RuntimeError):
-    """A command or netlink request inside a namespace failed; the message names both."""
 
 
 def netns_path(netns: str) -> str:

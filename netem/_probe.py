@@ -14,6 +14,7 @@ import sys
 from dataclasses import asdict, dataclass
 from functools import cache
 
+from netem._errors import ProbeError
 from netem._nsexec import NetnsError, ipr, run
 
 TC_H_ROOT = 0xFFFFFFFF
@@ -66,10 +67,6 @@ class KernelFeatures:
     def missing(self, *names: str) -> list[str]:
         """Human names (with kernel config options) of the features among ``names`` absent."""
         return [KCONFIG[n] for n in names if not getattr(self, n)]
-
-
-class ProbeError(RuntimeError):
-    """The probe itself could not run (no CAP_NET_ADMIN, no ``ip`` command)."""
 
 
 def _try(errors: dict[str, str], name: str, fn: object) -> bool:

@@ -18,6 +18,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from netem._errors import UnknownPreset
+
 
 class DirectionProfile(BaseModel):
     """Impairments of one direction of a link.
@@ -153,10 +155,6 @@ PRESETS: dict[str, LinkProfile] = {
         up=dict(delay_ms=270, rate_kbit=256),
     ),
 }
-
-
-class UnknownPreset(ValueError):
-    """No preset has that name; the message lists the names there are."""
 
 
 def preset(name: str) -> LinkProfile:

@@ -1,19 +1,29 @@
 """Applying a :class:`~netem.LinkProfile` to an interface, through a backend chosen by ``kind``.
 
+This module holds what every backend shares: the :class:`Backend` protocol, the registry
+:data:`BACKENDS`, backend selection (:func:`select_backend`), :func:`apply_profile`, and the
+record of a shaping in force (:class:`AppliedShaping`, with the :class:`_Applier` that backends
+create resources through). The backends themselves live in their own modules.
+
 ``apply_profile(profile, netns=..., ifname=...)`` shapes the link whose *client-side* end is
 ``ifname`` (in namespace ``netns``): ``profile.up`` on the interface's egress, ``profile.down``
 on its ingress (through an IFB device). It returns an :class:`AppliedShaping` whose
 ``release()`` removes everything it created.
 
-Backends (registered in :data:`BACKENDS` by ``kind``):
+Backends (registered in :data:`BACKENDS`, a :class:`zwcore.Registry`, by ``kind``):
 
-* ``netem``: the kernel's netem qdisc (``tc-netem(8)``) via pyroute2, with a ``tbf`` child for
-  the rate; honours every field.
-* ``fallback``: for kernels without netem. Rate: ``tbf``; loss: an nftables ``numgen random``
-  drop rule in table ``inet zw-shape-*`` (or the iptables ``statistic`` match when nft is
-  missing); delay, jitter and reorder: a userspace delay line (:mod:`netem._delayline`, NFQUEUE)
-  on arriving packets, carrying both directions' delay (see :class:`FallbackBackend` for why).
-  ``duplicate_pct``, ``corrupt_pct`` and ``up.reorder_pct`` are not available.
+* ``netem`` (:mod:`netem._shaping_netem`): the kernel's netem qdisc (``tc-netem(8)``) via
+  pyroute2, with a ``tbf`` child for the rate; honours every field.
+* ``fallback`` (:mod:`netem._shaping_fallback`): for kernels without netem. Rate: ``tbf``; loss:
+  an nftables ``numgen random`` drop rule in table ``inet zw-shape-*`` (or the iptables
+  ``statistic`` match when nft is missing); delay, jitter and reorder: a userspace delay line
+  (:mod:`netem._delayline`, NFQUEUE) on arriving packets, carrying both directions' delay (see
+  :class:`~netem._shaping_fallback.FallbackBackend` for why). ``duplicate_pct``,
+  ``corrupt_pct`` and ``up.reorder_pct`` are not available.
+
+A new backend is one module holding a class with a ``kind`` class attribute, ``missing()`` and
+``apply()`` (see :class:`Backend`), decorated with ``@BACKENDS.register``, and its module added
+to the import at the end of this one (importing a backend's module registers it).
 
 ``backend="auto"`` picks ``netem`` where the kernel has it, else ``fallback``; the choice and the
 reason are in ``AppliedShaping.backend``/``.reason``. A profile the chosen backend cannot honour
@@ -23,11 +33,7 @@ raises :class:`ShapingUnsupported` before anything is created, naming the missin
 from __future__ import annotations
 
 import hashlib
-import os
-import select
-import shutil
 import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,16 +41,12 @@ from typing import Any, Protocol
 
 from pyroute2.netlink.exceptions import NetlinkError
 
-from netem._nsexec import NetnsError, ipr, ns_argv, run
-from netem._probe import KCONFIG, KernelFeatures, probe_kernel
-from netem._profiles import DirectionProfile, LinkProfile
-from netem._resources import (
-    DELAYLINE_MODULE,
-    INGRESS_HANDLE,
-    ROOT_HANDLE,
-    kill_delay_line,
-    remove_resource,
-)
+from netem._errors import ShapingError, ShapingUnsupported
+from netem._nsexec import NetnsError, ipr
+from netem._probe import KernelFeatures, probe_kernel
+from netem._profiles import LinkProfile
+from netem._resources import INGRESS_HANDLE, ROOT_HANDLE, kill_delay_line, remove_resource
+from zwcore import Registry, UnknownKindError
 
 OnCreate = Callable[[str, str, "str | None"], None]
 
@@ -52,15 +54,6 @@ OnCreate = Callable[[str, str, "str | None"], None]
 # links buffer deeply, so a bulk flow fills the queue and the RTT rises, as on a real link.
 TBF_QUEUE_S = 0.2
 _FRAME = 1514
-_READY_TIMEOUT_S = 15.0
-
-
-class ShapingError(RuntimeError):
-    """Applying a profile failed; everything created so far has been removed again."""
-
-
-class ShapingUnsupported(ShapingError):
-    """No selected backend can honour the profile here; the message names what is missing."""
 
 
 @dataclass
@@ -199,6 +192,9 @@ class _Applier:
 
 
 class Backend(Protocol):
+    """A shaping backend; registered in :data:`BACKENDS` under its ``kind`` class attribute
+    and instantiated (without arguments) each time it is selected."""
+
     kind: str
 
     def missing(self, profile: LinkProfile, f: KernelFeatures, netns: str | None) -> list[str]:
@@ -207,226 +203,16 @@ class Backend(Protocol):
     def apply(self, profile: LinkProfile, a: _Applier) -> None: ...
 
 
-def _tbf_options(rate_kbit: float) -> dict[str, Any]:
+def tbf_options(rate_kbit: float) -> dict[str, Any]:
+    """tbf qdisc options for ``rate_kbit``: the rate, a 10 ms burst and a queue of
+    :data:`TBF_QUEUE_S` at the rate."""
     rate_bytes = rate_kbit * 1000 / 8
     burst = max(int(rate_bytes / 100), 2 * _FRAME)  # 10 ms at rate, at least two frames
     limit = max(int(rate_bytes * TBF_QUEUE_S), 10 * _FRAME) + burst
     return {"rate": f"{int(rate_kbit * 1000)}bit", "burst": burst, "limit": limit}
 
 
-class NetemBackend:
-    """The kernel netem qdisc: ``up`` as the interface's root qdisc, ``down`` on an IFB."""
-
-    kind = "netem"
-
-    def missing(self, profile: LinkProfile, f: KernelFeatures, netns: str | None) -> list[str]:
-        need = ["netem"] if not profile.is_empty else []
-        if not profile.down.is_empty:
-            need += ["ifb", "ingress", "u32_mirred"]
-        return f.missing(*need)
-
-    @staticmethod
-    def options(d: DirectionProfile) -> dict[str, Any]:
-        """netem qdisc options (pyroute2 ``sched_netem``) for ``d``, without the rate.
-
-        The rate goes into a ``tbf`` child of the netem qdisc instead (``tc-netem(8)``'s
-        "netem + tbf" recipe): pyroute2 leaves a ``rate`` keyword also in the request's
-        top-level attributes, where the kernel reads it as a rate estimator (TCA_RATE) and
-        refuses the request with ERANGE (seen on this kernel).
-        """
-        o: dict[str, Any] = {
-            "delay": int(d.delay_ms * 1000),  # us
-            "jitter": int(d.jitter_ms * 1000),
-            "loss": d.loss_pct,
-            "duplicate": d.duplicate_pct,
-            "limit": 10_000,
-        }
-        if d.reorder_pct:
-            o["prob_reorder"] = d.reorder_pct
-        if d.corrupt_pct:
-            o["prob_corrupt"] = d.corrupt_pct
-        return o
-
-    def _netem(self, a: _Applier, ifname: str, d: DirectionProfile) -> None:
-        a.root_qdisc(ifname, "netem", **self.options(d))
-        if d.rate_kbit:
-            idx = a.ifindex(ifname)
-            with ipr(a.netns) as ip:  # child of netem's class 1:1, removed with the root
-                ip.tc("add", "tbf", idx, 0xA0000, parent=ROOT_HANDLE + 1,
-                      **_tbf_options(d.rate_kbit))
-
-    def apply(self, profile: LinkProfile, a: _Applier) -> None:
-        if not profile.up.is_empty:
-            self._netem(a, a.s.ifname, profile.up)
-        if not profile.down.is_empty:
-            ifb, _ = a.ingress_ifb()
-            self._netem(a, ifb, profile.down)
-
-
-class FallbackBackend:
-    """tbf + nftables loss + NFQUEUE delay line, for kernels without netem (see module doc).
-
-    Placement, and why:
-
-    * Rate: ``down`` on an IFB device fed by the interface's ingress; ``up`` on an IFB device fed
-      by the peer interface's ingress when ``apply_profile`` is given ``peer``, else as the
-      interface's root qdisc (inside the client's stack, where TCP Small Queues keep only ~2 skbs
-      of a socket in it; see :func:`apply_profile`).
-    * Loss: nftables ``numgen random`` drops in table ``inet zw-shape-*``: ``down`` at prerouting
-      (``iifname``); ``up`` at the peer's prerouting with ``peer``, else at the client's
-      postrouting (``oifname``), inside the client's own stack: a local TCP sender then sees a
-      failed transmit and retries (netem hides such drops from the sender), a UDP sender gets
-      EPERM.
-    * Delay, jitter, reorder: one delay line on the interface's *ingress* (PREROUTING), holding
-      arriving packets for ``down.delay_ms + up.delay_ms`` (jitter: the sum of both jitters).
-      The round-trip time TCP sees is the profile's; the split between the directions is not
-      reproduced. A delay line on egress would hold the sender's own skbs, and TCP Small Queues
-      (``tcp_small_queue_check``) then lets only ~2 segments per socket sit below TCP: measured
-      on this kernel, a bulk upload through a 100 ms egress delay line ran at 281 kbit/s. On
-      ingress the skbs come off the veth already orphaned, so no such cap applies.
-      ``up.reorder_pct`` therefore has no fallback; ``down.reorder_pct`` has.
-    """
-
-    kind = "fallback"
-
-    def missing(self, profile: LinkProfile, f: KernelFeatures, netns: str | None) -> list[str]:
-        out: list[str] = []
-        for name, d in (("down", profile.down), ("up", profile.up)):
-            for fld in ("duplicate_pct", "corrupt_pct"):
-                if getattr(d, fld):
-                    out.append(f"{name}.{fld} needs {KCONFIG['netem']}")
-            if d.rate_kbit:
-                out += f.missing("tbf")
-            if d.loss_pct and not (f.nft_numgen or f.iptables_statistic):
-                out += f.missing("nft_numgen", "iptables_statistic")
-        if profile.up.reorder_pct:
-            out.append(f"up.reorder_pct needs {KCONFIG['netem']} (the fallback delay line "
-                       "works on arriving packets only)")
-        if profile.down.rate_kbit:
-            out += f.missing("ifb", "ingress", "u32_mirred")
-        if profile.down.needs_delay_line or profile.up.needs_delay_line:
-            out += f.missing("iptables_nfqueue", "nfqueue_binding")
-            if netns is None:
-                out.append(
-                    "delay_ms/jitter_ms/reorder_pct on the fallback backend need a network "
-                    "namespace the run created (the delay line's NFQUEUE rule goes into that "
-                    "namespace's iptables mangle table, never the host's)"
-                )
-        return list(dict.fromkeys(out))
-
-    def apply(self, profile: LinkProfile, a: _Applier) -> None:
-        f = a.features
-        ifname = a.s.ifname
-        up, down = profile.up, profile.down
-        use_nft = f.nft_numgen
-        peer = a.s.peer
-        if up.rate_kbit and peer:
-            ifb_u, ns_u = a.ingress_ifb(on_peer=True)
-            a.root_qdisc(ifb_u, "tbf", ns_u, **_tbf_options(up.rate_kbit))
-        elif up.rate_kbit:
-            a.root_qdisc(ifname, "tbf", **_tbf_options(up.rate_kbit))
-        if down.rate_kbit:
-            ifb, _ = a.ingress_ifb()
-            a.root_qdisc(ifb, "tbf", **_tbf_options(down.rate_kbit))
-        if use_nft and peer and up.loss_pct:
-            self._nft_loss(a, 0.0, down.loss_pct)
-            self._nft_loss(a, up.loss_pct, 0.0, on_peer=True)
-        elif use_nft and (up.loss_pct or down.loss_pct):
-            self._nft_loss(a, up.loss_pct, down.loss_pct)
-        if not use_nft and up.loss_pct:
-            self._iptables_chain(a, "up", None, up.loss_pct)
-        line = None
-        if up.needs_delay_line or down.needs_delay_line:
-            line = DirectionProfile(
-                delay_ms=up.delay_ms + down.delay_ms, jitter_ms=up.jitter_ms + down.jitter_ms,
-                reorder_pct=down.reorder_pct,
-            )
-        stat_loss = down.loss_pct if not use_nft else 0.0
-        if line is not None or stat_loss:
-            self._iptables_chain(a, "down", line, stat_loss)
-
-    @staticmethod
-    def _nft_loss(a: _Applier, up_pct: float, down_pct: float, on_peer: bool = False) -> None:
-        if not (up_pct or down_pct):
-            return
-        table = f"zw-shape-{a.s.tag[3:9]}"
-        rules = [f"table inet {table} {{"]
-        # priority -300: before conntrack and the mangle table's NFQUEUE jump
-        if on_peer:  # up packets as they arrive on the peer: a drop on the wire
-            assert a.s.peer is not None
-            ns, peer_if = a.s.peer
-            rules += [" chain up { type filter hook prerouting priority -300;",
-                      f'  iifname "{peer_if}" numgen random mod 1000000 < '
-                      f"{round(up_pct * 10000)} counter drop", " }", "}"]
-            run(ns, ["nft", "add", "table", "inet", table])
-            a.created("nft-table", f"inet {table}", ns)
-            run(ns, ["nft", "-f", "-"], input="\n".join(rules) + "\n")
-            return
-        if up_pct:
-            rules += [" chain up { type filter hook postrouting priority -300;",
-                      f'  oifname "{a.s.ifname}" numgen random mod 1000000 < '
-                      f"{round(up_pct * 10000)} counter drop", " }"]
-        if down_pct:
-            rules += [" chain down { type filter hook prerouting priority -300;",
-                      f'  iifname "{a.s.ifname}" numgen random mod 1000000 < '
-                      f"{round(down_pct * 10000)} counter drop", " }"]
-        rules.append("}")
-        run(a.netns, ["nft", "add", "table", "inet", table])
-        a.created("nft-table", f"inet {table}")
-        run(a.netns, ["nft", "-f", "-"], input="\n".join(rules) + "\n")
-
-    def _iptables_chain(
-        self, a: _Applier, direction: str, d: DirectionProfile | None, stat_loss: float
-    ) -> None:
-        chain = f"zw-dl-{a.s.tag[3:9]}-{direction}"
-        ipt = ["iptables", "-t", "mangle"]
-        new_mangle = shutil.which("nft") is not None and run(
-            a.netns, ["nft", "list", "table", "ip", "mangle"], check=False).returncode != 0
-        run(a.netns, [*ipt, "-N", chain])
-        if new_mangle:
-            a.created("nft-table", "ip mangle")  # iptables-nft created it just now
-        a.created("iptables-chain", f"mangle {chain}")
-        if stat_loss:
-            run(a.netns, [*ipt, "-A", chain, "-m", "statistic", "--mode", "random",
-                          "--probability", f"{stat_loss / 100:.6f}", "-j", "DROP"])
-        if d is not None:
-            queue = self._start_delay_line(a, chain, d)
-            run(a.netns, [*ipt, "-A", chain, "-j", "NFQUEUE", "--queue-num", str(queue)])
-        if direction == "up":
-            run(a.netns, [*ipt, "-A", "POSTROUTING", "-o", a.s.ifname, "-j", chain])
-        else:
-            run(a.netns, [*ipt, "-A", "PREROUTING", "-i", a.s.ifname, "-j", chain])
-
-    @staticmethod
-    def _start_delay_line(a: _Applier, tag: str, d: DirectionProfile) -> int:
-        first_queue = 1000 + (int(a.s.tag[3:9], 16) % 30000) * 2
-        argv = ns_argv(a.netns, [
-            sys.executable, "-m", DELAYLINE_MODULE, "--queue", str(first_queue),
-            "--delay-ms", str(d.delay_ms), "--jitter-ms", str(d.jitter_ms),
-            "--reorder-pct", str(d.reorder_pct), "--tag", tag,
-            *(["--log", str(a.s.log_dir / f"{tag}.log")] if a.s.log_dir else []),
-        ])
-        env = dict(os.environ)
-        pkg_root = str(Path(__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH")) if p)
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, text=True, env=env,
-                                start_new_session=True)
-        name = f"{proc.pid} {tag}"
-        a.s._procs[name] = proc
-        a.created("process", name)
-        assert proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], _READY_TIMEOUT_S)
-        line = proc.stdout.readline().strip() if ready else ""
-        if not line.startswith("READY "):
-            proc.kill()
-            rest = proc.stdout.read() if proc.poll() is not None else ""
-            raise ShapingError(f"delay line for {tag} did not start: {line} {rest}".strip())
-        proc.stdout.close()
-        return int(line.split()[1])
-
-
-BACKENDS: dict[str, Backend] = {"netem": NetemBackend(), "fallback": FallbackBackend()}
+BACKENDS: Registry[Backend] = Registry("shaping backend")
 
 
 def select_backend(
@@ -436,11 +222,12 @@ def select_backend(
     """The backend to use and why; raises :class:`ShapingUnsupported` (nothing is applied)."""
     f = features or probe_kernel()
     if backend != "auto":
-        if backend not in BACKENDS:
+        try:
+            b = BACKENDS.get(backend)()
+        except UnknownKindError:
             raise ShapingUnsupported(
-                f"unknown shaping backend {backend!r}; kinds: auto, {', '.join(BACKENDS)}"
-            )
-        b = BACKENDS[backend]
+                f"unknown shaping backend {backend!r}; kinds: auto, {', '.join(BACKENDS.kinds())}"
+            ) from None
         missing = b.missing(profile, f, netns)
         if missing:
             raise ShapingUnsupported(
@@ -450,11 +237,11 @@ def select_backend(
             )
         return b, f"forced by the caller (backend={backend!r})"
     if f.netem:
-        b = BACKENDS["netem"]
+        b = BACKENDS.get("netem")()
         missing = b.missing(profile, f, netns)
         if not missing:
             return b, "auto: the kernel has the netem qdisc"
-    b = BACKENDS["fallback"]
+    b = BACKENDS.get("fallback")()
     missing = b.missing(profile, f, netns)
     if missing:
         raise ShapingUnsupported(
@@ -532,3 +319,8 @@ def apply_profile(
             ) from e
         raise
     return shaping
+
+
+# The built-in backends register themselves in BACKENDS when their modules are imported; they
+# import the names above, hence last. A new backend is one more module on this line.
+from netem import _shaping_fallback, _shaping_netem  # noqa: E402, F401

@@ -33,6 +33,7 @@ from typing import Any
 
 import pandas as pd
 
+from netem._errors import CaptureError
 from netem._nsexec import netns_path, ns_argv
 
 EVENT_COLUMNS = [
@@ -40,10 +41,6 @@ EVENT_COLUMNS = [
     "sender", "event", "window", "seq", "ack", "payload_bytes",
 ]  # fmt: skip
 _PR_SET_PDEATHSIG = 1
-
-
-class CaptureError(RuntimeError):
-    """tcpdump could not start or failed; the message carries its stderr."""
 
 
 _prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before any fork

@@ -182,13 +182,42 @@ def test_3g_preset_measures_as_requested(link: NsPair, tmp_path: Path):
 
 
 def test_netem_backend_options_use_tc_units():
-    from netem._shaping import NetemBackend
+    from netem import NetemBackend
 
     o = NetemBackend.options(DirectionProfile(delay_ms=150, jitter_ms=20, loss_pct=1.5,
                                               rate_kbit=700, reorder_pct=5, corrupt_pct=0.1))
     assert o["delay"] == 150_000 and o["jitter"] == 20_000  # microseconds
     assert o["loss"] == 1.5 and o["prob_reorder"] == 5 and o["prob_corrupt"] == 0.1
     assert "rate" not in o  # a tbf child carries the rate
+
+
+def test_backends_are_registered_by_kind():
+    from netem import BACKENDS, FallbackBackend, NetemBackend, select_backend
+    from zwcore import Registry, UnknownKindError
+
+    assert isinstance(BACKENDS, Registry)
+    assert BACKENDS.kinds() == ["fallback", "netem"]
+    assert BACKENDS.get("netem") is NetemBackend and BACKENDS.get("fallback") is FallbackBackend
+    with pytest.raises(UnknownKindError, match="valid kinds: fallback, netem"):
+        BACKENDS.get("tc")
+    with pytest.raises(ShapingUnsupported, match="unknown shaping backend 'tc'; kinds: auto, "):
+        select_backend(LinkProfile(), None, "tc", probe_kernel())
+
+
+def test_every_netem_error_is_a_network_error():
+    import netem
+    from zwcore import NetworkError
+
+    errors = {n: getattr(netem, n) for n in netem.__all__
+              if isinstance(getattr(netem, n), type)
+              and issubclass(getattr(netem, n), BaseException)}
+    assert set(errors) >= {"NetemError", "NetemPermissionError", "NetnsError", "ProbeError",
+                           "ShapingError", "ShapingUnsupported", "UnknownPreset", "CaptureError"}
+    for cls in errors.values():
+        assert issubclass(cls, netem.NetemError) and issubclass(cls, NetworkError), cls
+    # the built-in bases callers catch them by are kept
+    assert issubclass(UnknownPreset, ValueError) and issubclass(ShapingError, RuntimeError)
+    assert issubclass(ShapingUnsupported, ShapingError)
 
 
 def test_loss_through_iptables_statistic_when_nft_is_missing(link: NsPair):
@@ -232,7 +261,7 @@ def test_netem_backend_requests_reach_the_kernel(link: NsPair):
                                ifname=link.client_if,
                                tag=shaping_tag(link.client_ns, link.client_if))
             with pytest.raises(NetlinkError) as e:
-                BACKENDS["netem"].apply(p, _Applier(s, None, f))
+                BACKENDS.get("netem")().apply(p, _Applier(s, None, f))
             assert e.value.code == errno.ENOENT
             assert s.release() == []
         _nothing_left(link)
