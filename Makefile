@@ -52,8 +52,9 @@ bench: setup
 	$(PY) bench/run.py
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check loadgen netem harness tests
-	$(VENV)/bin/mypy loadgen netem harness
+	$(VENV)/bin/ruff check zwcore loadgen netem harness tests
+	$(VENV)/bin/mypy zwcore loadgen netem harness
+	$(VENV)/bin/lint-imports
 
 clean:
 	rm -rf $(VENV) $(MODEL)

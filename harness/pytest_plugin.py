@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:  # the harness is imported when a test uses the fixture, not at pytest start
-    from harness.lifecycle._run import RunResult
+    from harness.lifecycle import RunResult
     from harness.scenario import Scenario
 
 

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from harness.lifecycle._run import RunResult
+from harness.lifecycle import RunResult
 from harness.outputs._compare import compare_runs, html_page, render, rich_table
 from harness.outputs._report import ReportError
 from tests._sim_runs import sim_runs

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from markupsafe import escape
 
-from harness.lifecycle._run import RunResult
+from harness.lifecycle import RunResult
 from harness.outputs._report import (
     REPORT_NAME,
     ReportError,

@@ -76,7 +76,7 @@ class Registry(Generic[M]):
                 f"unknown {self.what} kind {kind!r}; valid kinds: {', '.join(self.kinds())}"
             ) from None
 
-    def parse(self, data: Mapping[str, Any] | M) -> M:
+    def parse(self, data: Mapping[str, Any] | BaseModel) -> M:
         """Validate ``data`` (a mapping with a ``kind`` key, or a model instance).
 
         Raises :class:`UnknownKindError` for a missing or unknown kind and
@@ -92,7 +92,8 @@ class Registry(Generic[M]):
                 f"{self.what} needs a `kind`; valid kinds: {', '.join(self.kinds())}"
             )
         model: Any = self.get(str(data["kind"]))
-        return model.model_validate(dict(data))  # type: ignore[no-any-return]
+        validated: M = model.model_validate(dict(data))
+        return validated
 
     def _validate(self, value: Any, handler: Any) -> M:
         if not isinstance(value, BaseModel | Mapping):

@@ -31,7 +31,7 @@ from netem import (
     apply_profile,
     measure_link,
     process_start_ticks,
-    resolve_profile,
+    resolve_group_profile,
     select_backend,
     stalled_flows,
     wire_events,
@@ -152,7 +152,7 @@ class RunNetwork:
         custom = self.scenario.netem.profiles
         out = {}
         for group in self.scenario.groups:
-            profile = resolve_profile(group.network_profile, custom)
+            profile = resolve_group_profile(group.network_profile, custom)
             if profile is not None:
                 out[group.name] = profile
         return out

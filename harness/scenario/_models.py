@@ -8,7 +8,7 @@ process of identical users with one read behaviour), and collector and verdict s
 from __future__ import annotations
 
 import difflib
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
@@ -26,6 +26,7 @@ from harness.runfolder import figure_names
 from harness.scenario._gate_syntax import Gate, GateSyntaxError, parse_gate, unknown_figures
 from harness.servers import NoProxyConfig, ProxyConfig, TargetConfig
 from loadgen import UserGroupConfig
+from netem import BACKENDS
 
 
 class _Strict(BaseModel):
@@ -117,13 +118,21 @@ class NetemConfig(_Strict):
     ``network_profile`` beside the built-in presets.
     """
 
-    backend: Literal["auto", "netem", "fallback"] = "auto"
+    backend: str = "auto"
     measure: bool = True
     measure_duration_s: float = Field(2.0, gt=0, description="bulk transfer each way, s")
     measure_udp_packets: int = Field(300, ge=0, description="UDP datagrams each way; 0: no loss")
     isolate: bool = False
     capture: bool = False
     profiles: dict[str, dict[str, Any]] = {}
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, value: str) -> str:
+        valid = ["auto", *BACKENDS.kinds()]
+        if value not in valid:
+            raise ValueError(f"unknown shaping backend {value!r}; valid: {', '.join(valid)}")
+        return value
 
     @field_validator("profiles")
     @classmethod
