@@ -15,7 +15,7 @@ from typing import Any
 
 import loadgen
 from harness.servers._process import start_process, stop_process_group
-from loadgen import SATURATION_ENV, UserGroupConfig
+from loadgen import SATURATION_ENV, UserGroupConfig, group_file
 
 LOCUSTFILE = Path(loadgen.__file__).with_name("locustfile.py")
 
@@ -41,16 +41,6 @@ class LoadProcess:
         return {"group": self.group, "argv": self.argv}
 
 
-def records_path(run_dir: Path, group: str) -> Path:
-    """Where group ``group``'s load process appends its request records."""
-    return run_dir / f"records-{group}.jsonl"
-
-
-def saturation_path(run_dir: Path, group: str) -> Path:
-    """Where group ``group``'s load process appends its CPU and loop-lag samples."""
-    return run_dir / f"saturation-{group}.jsonl"
-
-
 def start_load(
     group: UserGroupConfig,
     *,
@@ -64,7 +54,7 @@ def start_load(
     """Write the group's configuration and start its Locust process (inside network namespace
     ``netns``, if given). Raises ``OSError`` if Locust cannot be started."""
     config_path = run_dir / f"group-{group.name}.json"
-    rec_path = records_path(run_dir, group.name)
+    rec_path = group_file(run_dir, "records", group.name, None)
     config_path.write_text(
         json.dumps(
             {
@@ -93,7 +83,7 @@ def start_load(
     proc = start_process(
         argv,
         log_path=log_path,
-        env={SATURATION_ENV: str(saturation_path(run_dir, group.name))},
+        env={SATURATION_ENV: str(group_file(run_dir, "saturation", group.name, None))},
         netns=netns,
     )
     return LoadProcess(group.name, argv, proc, rec_path, log_path)

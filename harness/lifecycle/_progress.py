@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from harness.lifecycle._loadrun import records_path
+from harness.runfolder import records_files
 
 # Records are JSON objects whose scalar fields come before the (long) chunk list.
 _CHUNKS_KEY = ',"chunks":'
@@ -115,7 +115,7 @@ class RunProgress:
         self.poll_s = poll_s
         self._scenario = ""
         self._max_duration_s = 0.0
-        self._tails: dict[str, _Tail] = {}
+        self._tails: dict[str, dict[Path, _Tail]] = {}
         self._groups: dict[str, _GroupState] = {}
         self._group_view: dict[str, tuple[int, float | None]] = {}
         self._t_start = time.monotonic()
@@ -134,8 +134,9 @@ class RunProgress:
         self._scenario = scenario
         self._max_duration_s = max_duration_s
         self._t_start = time.monotonic()
+        self._run_dir: Path = run_dir
         for g in groups:
-            self._tails[g] = _Tail(records_path(run_dir, g))
+            self._tails[g] = {}
             self._groups[g] = _GroupState()
         self._group_view = {g: (0, None) for g in self._groups}
         self._snapshot = self._take_snapshot()
@@ -183,12 +184,22 @@ class RunProgress:
 
     # -- internals ----------------------------------------------------------------------
 
-    def _poll(self) -> None:
-        for group, tail in self._tails.items():
+    def _group_lines(self, group: str) -> list[bytes]:
+        """New record lines of ``group``: from its one load process's file, or from each of its
+        workers' files (``--workers``), which appear while the run goes on."""
+        tails = self._tails[group]
+        lines: list[bytes] = []
+        for path in records_files(self._run_dir, group):
+            tail = tails.setdefault(path, _Tail(path))
             try:
-                lines = tail.new_lines()
+                lines += tail.new_lines()
             except OSError:
                 continue
+        return lines
+
+    def _poll(self) -> None:
+        for group in self._tails:
+            lines = self._group_lines(group)
             state = self._groups[group]
             for line in lines:
                 head = _record_head(line)

@@ -1,0 +1,74 @@
+"""``zerowindow analyze``: analysis is a pure function of a run folder.
+
+``tests/data/sim-coupled-before-analyze/`` is a run folder written by ``zerowindow run
+scenarios/sim-coupled.toml`` before the harness was rearranged by role (commit 090c240; its
+report and logs left out). Analysing it again must reproduce its ``summary.json`` and tables.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+
+from harness import analyze, read_facts, reanalyze
+from tests.conftest import REPO, run_cli
+
+BEFORE = REPO / "tests" / "data" / "sim-coupled-before-analyze"
+
+
+def _copy(tmp_path: Path) -> Path:
+    run_dir = tmp_path / "run"
+    shutil.copytree(BEFORE, run_dir)
+    return run_dir
+
+
+def _summary_text(run_dir: Path, *, recorded_in: Path) -> str:
+    """summary.json with the folder's own path (saturation files name it) made neutral."""
+    text = (run_dir / "summary.json").read_text()
+    return text.replace(str(recorded_in), "<run>")
+
+
+def test_analysis_reads_and_never_writes(tmp_path):
+    run_dir = _copy(tmp_path)
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+    analysis = analyze(run_dir)
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
+    assert analysis.summary.verdicts["kv_held_by_undelivered_streams"]["status"] == "held"
+
+
+def test_analyze_reproduces_a_folder_made_before_the_change(tmp_path):
+    run_dir = _copy(tmp_path)
+    old_summary = json.loads((BEFORE / "summary.json").read_text())
+    old_requests = pd.read_parquet(BEFORE / "requests.parquet")
+    old_chunks = pd.read_parquet(BEFORE / "chunks.parquet")
+    recorded = Path(old_summary["client_saturation"]["processes"][0]["path"]).parent
+    result = reanalyze(run_dir)
+    assert result.exit_code == 0 and result.summary.status == "complete"
+    assert _summary_text(run_dir, recorded_in=run_dir) == _summary_text(
+        BEFORE, recorded_in=recorded
+    )
+    pd.testing.assert_frame_equal(pd.read_parquet(run_dir / "requests.parquet"), old_requests)
+    pd.testing.assert_frame_equal(pd.read_parquet(run_dir / "chunks.parquet"), old_chunks)
+    # run.json now keeps every fact analysis needs; a second analysis reads only those.
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["duration_s"] == old_summary["duration_s"] and info["exit_code"] == 0
+    (run_dir / "summary.json").unlink()
+    assert read_facts(run_dir).duration_s == old_summary["duration_s"]
+    reanalyze(run_dir)
+    assert _summary_text(run_dir, recorded_in=run_dir) == _summary_text(
+        BEFORE, recorded_in=recorded
+    )
+
+
+def test_analyze_command(tmp_path):
+    run_dir = _copy(tmp_path)
+    done = run_cli("analyze", str(run_dir), timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "KV held by undelivered streams: HELD" in done.stdout
+    assert (run_dir / "report.html").exists() and (run_dir / "junit.xml").exists()
+    missing = run_cli("analyze", str(tmp_path / "nowhere"), timeout=120)
+    assert missing.returncode == 2
+    assert "run.json: missing" in missing.stderr and "Traceback" not in missing.stderr

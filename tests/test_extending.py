@@ -1,0 +1,49 @@
+"""A new kind is one file and one registration (docs/extending.md): the ``tcp-relay`` proxy kind
+of ``tests/kind_tcp_relay.py`` touches no module of the toolkit, yet a scenario names it, its
+options are checked like any built-in kind's, and a run goes through it."""
+
+from __future__ import annotations
+
+import pytest
+
+import tests.kind_tcp_relay  # noqa: F401 - registers the kind
+from harness import PROXIES, ScenarioError, parse_scenario, run_scenario
+
+SCENARIO = """
+name = "relay"
+max_duration_s = 60
+cooldown_s = 0.5
+
+[target]
+kind = "sim"
+
+[proxy]
+kind = "tcp-relay"
+{extra}
+
+[[groups]]
+name = "fast"
+users = 2
+requests_per_user = 2
+prompt_tokens = 16
+max_tokens = 32
+"""
+
+
+def test_the_kind_is_registered_beside_the_built_in_ones():
+    assert "tcp-relay" in PROXIES.kinds() and "nginx" in PROXIES.kinds()
+
+
+def test_scenario_checks_its_options_with_file_and_line(tmp_path):
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario(SCENARIO.format(extra="listen_hots = 1"), path=tmp_path / "s.toml")
+    assert f"{tmp_path / 's.toml'}:11: field 'proxy.listen_hots'" in str(err.value)
+
+
+def test_a_run_goes_through_the_new_kind(tmp_path):
+    scenario = parse_scenario(SCENARIO.format(extra=""), path=tmp_path / "s.toml")
+    result = run_scenario(scenario, out_root=tmp_path)
+    assert result.exit_code == 0, result.summary.failure
+    assert result.summary.groups[0].outcomes == {"complete": 4}
+    assert result.summary.proxy is not None and result.summary.proxy.kind == "tcp-relay"
+    assert (result.run_dir / "tcp-relay.log").exists()
