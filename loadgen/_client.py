@@ -233,7 +233,7 @@ class _Stream:
             if remaining <= 0:
                 return "timeout"
             self.sock.settimeout(remaining)
-            data = self.sock.recv(read.bytes_per_read)  # OSError: handled by the caller
+            data = self.sock.recv(read.bytes_per_read)  # type: ignore[attr-defined]  # OSError: caller
             t = self.now()
             slot = read.next_read_at(slot, t)
             rec = self.record

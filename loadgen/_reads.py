@@ -9,7 +9,7 @@ because the client does its own ``recv`` calls (see ``_client``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -18,13 +18,11 @@ from zwcore import Registry
 
 class ReadBehaviour(BaseModel):
     """How a client reads its stream (a read behaviour kind subclasses this and registers with
-    :data:`READS`): at most ``bytes_per_read`` bytes per ``recv``, the next ``recv`` at
-    :meth:`next_read_at`."""
+    :data:`READS`): at most ``bytes_per_read`` bytes per ``recv`` (a class constant or a field,
+    as the kind needs), the next ``recv`` at :meth:`next_read_at`."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     kind: str
-    if TYPE_CHECKING:  # a class constant or a field, as the kind needs
-        bytes_per_read: int
 
     def next_read_at(self, slot_s: float, returned_s: float) -> float:
         """Monotonic time (s) of the next ``recv``, given this read's slot and return time."""

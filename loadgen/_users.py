@@ -110,9 +110,9 @@ class StreamingUser(User):
             raise ValueError(f"{cls.__name__}.model is empty: set the served model name")
         if not self.host:
             raise ValueError(f"{cls.__name__} has no host: set `host` or pass --host")
-        self._zw_read: ReadConfig = READS.parse(cls.read)  # type: ignore[assignment]
+        self._zw_read: ReadConfig = READS.parse(cls.read)
         self._zw_action: ActionConfig | None = (
-            None if cls.action is None else ACTIONS.parse(cls.action)  # type: ignore[assignment]
+            None if cls.action is None else ACTIONS.parse(cls.action)
         )
         self._zw_group = cls.group_name or cls.__name__
         self._zw_index = next(StreamingUser._zw_instances)

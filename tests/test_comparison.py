@@ -11,11 +11,11 @@ import pytest
 from rich.console import Console
 
 from harness.analysis._comparison import DistortionThresholds, compare
-from harness.outputs import print_comparison, write_comparison
+from harness.analysis._proxy import proxy_summary
 from harness.analysis._stalls import abort_times, attribute_aborts, undelivered_tokens
 from harness.analysis._summary import summarize_group, summarize_server
 from harness.analysis._tables import chunks_frame, requests_frame
-from harness.analysis._proxy import proxy_summary
+from harness.outputs import print_comparison, write_comparison
 from harness.runfolder import ProxySummary, RunSummary, SaturationSummary
 from loadgen import Chunk, RequestRecord
 

@@ -8,9 +8,8 @@ import time
 
 from rich.console import Console
 
-from loadgen import group_file
 from harness.lifecycle._progress import RunProgress, _record_head
-from loadgen import Chunk, RecordWriter, RequestRecord
+from loadgen import Chunk, RecordWriter, RequestRecord, group_file
 
 
 def _record(group: str, i: int, ttft_s: float | None) -> RequestRecord:

@@ -42,7 +42,10 @@ def test_writes_expected_files(model_dir: Path) -> None:
 
 def test_same_seed_is_byte_identical_across_processes(model_dir: Path, tmp_path: Path) -> None:
     again = tmp_path / "again"
-    code = f"from harness.servers._tiny_model import make_tiny_model; make_tiny_model({str(again)!r})"
+    code = (
+        "from harness.servers._tiny_model import make_tiny_model; "
+        f"make_tiny_model({str(again)!r})"
+    )
     root = Path(__file__).resolve().parents[1]
     subprocess.run([sys.executable, "-c", code], check=True, cwd=root, timeout=120)
     assert _hashes(again) == _hashes(model_dir)

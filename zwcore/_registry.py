@@ -3,7 +3,8 @@
 Every pluggable part (read behaviours, client actions, targets, proxies, shaping backends) is a
 frozen pydantic model with a ``kind`` field whose default names it, registered in a
 :class:`Registry`. Scenario fields that hold such a part are declared as
-``Annotated[Base, REG.validator, REG.serializer]``: they validate against whatever is registered when validation runs, so a
+``Annotated[Base, REG.validator, REG.serializer]``: they validate against whatever is
+registered when validation runs, so a
 new kind is one class and one registration, and no union is ever kept by hand. An unknown kind
 raises an error that lists the valid ones.
 """
@@ -14,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, PlainSerializer, ValidationError, WrapValidator
-from pydantic_core import InitErrorDetails, PydanticCustomError
+from pydantic_core import ErrorDetails, PydanticCustomError
 
 from zwcore._errors import ZerowindowError
 
@@ -131,10 +132,10 @@ def _dump(model: BaseModel) -> dict[str, Any]:
     return model.model_dump(mode="json")
 
 
-def relocated_errors(error: ValidationError) -> list[InitErrorDetails]:
+def relocated_errors(error: ValidationError) -> list[ErrorDetails]:
     """The line errors of ``error`` with those of registry fields (``Registry.validator``)
     replaced by the nested model's own errors, each at its full location."""
-    out: list[InitErrorDetails] = []
+    out: list[ErrorDetails] = []
     for err in error.errors():
         ctx = err.get("ctx") or {}
         inner = ctx.get("error")
@@ -142,5 +143,5 @@ def relocated_errors(error: ValidationError) -> list[InitErrorDetails]:
             for sub in relocated_errors(inner.error):
                 out.append({**sub, "loc": (*err["loc"], *sub["loc"])})
             continue
-        out.append(err)  # type: ignore[arg-type]
+        out.append(err)
     return out

@@ -105,9 +105,7 @@ def read_facts(run_dir: Path) -> RunFacts:
         proxy_name=str(info.get("proxy_name", old_proxy.get("name", proxy.get("kind", "none")))),
         proxy_kind=str(proxy.get("kind", old_proxy.get("kind", "none"))),
         client_port=info.get("client_facing_port"),
-        missing_metrics=list(
-            info.get("missing_metrics", old_server.get("missing_metrics", []))
-        ),
+        missing_metrics=list(info.get("missing_metrics", old_server.get("missing_metrics", []))),
         stalled_flows=(info.get("network") or {}).get("stalled_flows"),
         load_workers=[LoadWorker.model_validate(w) for w in workers],
     )
@@ -175,7 +173,7 @@ def analyze(run_dir: Path, facts: RunFacts | None = None) -> Analysis:
     status, failure = facts.status, facts.failure
     if status == "complete" and (reason := all_requests_failed(requests)):
         status, failure = "failed", reason
-    proxy_rows = read_parquet(run_dir / PROXY).to_dict("records")
+    proxy_rows: list[dict[str, Any]] = read_parquet(run_dir / PROXY).to_dict("records")  # type: ignore[assignment]
     summary = RunSummary(
         scenario=scenario.name,
         status=status,

@@ -1,6 +1,6 @@
 """Proxy configurations side by side: the comparison tables and the buffering-distortion flag.
 
-Input: the :class:`~harness.analysis._summary.RunSummary` of each configuration of one comparison run
+Input: the :class:`~harness.runfolder.RunSummary` of each configuration of one comparison run
 (same workload, same target), in scenario order. Output:
 
 - ``groups``: one row per (configuration, user group): outcomes, TTFT, per-token ITL and

@@ -40,7 +40,7 @@ def evaluate_gates(
     baseline_source: str = "the baseline",
     skip_relative: bool = False,
 ) -> list[GateResult]:
-    """Evaluate ``gates`` against this run's ``figures`` (from :func:`harness.runfolder._figures.figures`)
+    """Evaluate ``gates`` against this run's ``figures`` (from :func:`harness.runfolder.figures`)
     and, for relative gates, the ``baseline`` figures. Never raises for missing values: a gate
     without a measured value or without a baseline value fails with that reason.
     ``baseline_source`` names the baseline in reasons (e.g. its path). With ``skip_relative``

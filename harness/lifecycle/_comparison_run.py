@@ -11,7 +11,7 @@ user and request index) on the same schedule (spawn rate, ``start_after_s``, ``w
 Before the first configuration, :data:`WARMUP_REQUESTS` short requests go straight to the
 target, so that the first configuration does not alone pay the engine's first-request costs
 (vLLM's first requests after start are several times slower). Then it writes the comparison
-(``comparison.json``, ``comparison.md``; ``harness.analysis._comparison``) into ``<run>/`` and stops the
+(``comparison.json``, ``comparison.md``; ``harness.outputs``) into ``<run>/`` and stops the
 target.
 """
 

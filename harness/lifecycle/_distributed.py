@@ -31,7 +31,6 @@ from typing import Any, Literal
 
 from harness.lifecycle._loadrun import LoadProcess
 from harness.runfolder import LoadWorker
-from zwcore import LoadError
 from harness.servers._process import start_process, stop_process_group
 from loadgen import (
     WORKER_DIR_ENV,
@@ -44,6 +43,7 @@ from loadgen import (
     valid_worker_name,
     workers_log,
 )
+from zwcore import LoadError
 
 # How long a master waits for its workers to connect before giving up (s).
 EXPECT_WORKERS_MAX_WAIT_S = 60

@@ -1,7 +1,7 @@
 """Live progress of a run: phase, elapsed and remaining time, finished requests, live TTFT p50
 per group, KV cache usage.
 
-Fed by the run loop (``_Run`` in :mod:`harness.lifecycle._run` calls :meth:`RunProgress.update` every
+Fed by the run loop (the run's life cycle calls :meth:`RunProgress.update` every
 time it polls, about 5 times a second); reads only what the run has anyway: the
 ``records-<group>.jsonl`` files the load processes append to (tailed from the last offset, only
 the fields before each record's chunk list are parsed) and the metrics scraper's latest sample.

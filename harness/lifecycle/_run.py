@@ -276,7 +276,9 @@ class RunLifecycle:
         self.info["ended_utc"] = datetime.now(UTC).isoformat()
         metrics = pd.DataFrame(self.scraper.rows if self.scraper else [])
         if "scrape_ok" not in metrics:
-            metrics = pd.DataFrame({"t": pd.Series(dtype=float), "scrape_ok": pd.Series(dtype=bool)})
+            metrics = pd.DataFrame(
+                {"t": pd.Series(dtype=float), "scrape_ok": pd.Series(dtype=bool)}
+            )
         sockets = pd.DataFrame(self.sockets.rows if self.sockets else [], columns=SOCKET_COLUMNS)
         write_parquet(metrics, self.run_dir / SERVER_METRICS)
         write_parquet(sockets, self.run_dir / SOCKETS)
@@ -361,7 +363,7 @@ def run_scenario(
     ``use_baseline=False`` none is loaded and relative gates are reported as skipped (the first
     run of a scenario, to be saved as its baseline). ``progress`` shows the
     run live (see :mod:`harness.lifecycle._progress`). ``distribution`` runs each group as a Locust
-    master with workers (see :class:`harness.lifecycle._distributed.Distribution`); a worker that dies
+    master with workers (see :class:`~harness.lifecycle.Distribution`); a worker that dies
     fails the run (exit 1). Never raises for failures of the target or the
     load: they are recorded in ``run.json`` and ``summary.json`` and reflected in
     :attr:`RunResult.exit_code` (0 complete and every gate passed, 1 failed during the run or a

@@ -1,4 +1,4 @@
-"""Comparison of runs: their figures (``harness.runfolder._figures``) side by side, with ratios against
+"""Comparison of runs: their figures (``harness.runfolder``) side by side, with ratios against
 the first run, as a terminal table, markdown, CSV, JSON, or an HTML page with overlaid TTFT and
 ITL CDFs per user class.
 """

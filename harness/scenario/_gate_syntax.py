@@ -18,7 +18,7 @@ Grammar (whitespace is free between tokens)::
              | scaled [("+" | "-") NUMBER]              relative to the baseline's value
     scaled  := NUMBER "*" "baseline" | "baseline" ["*" NUMBER]
 
-``FIGURE`` is a name from :mod:`harness.runfolder._figures` (checked against the scenario's groups when
+``FIGURE`` is a name from :mod:`harness.runfolder` (checked against the scenario's groups when
 the scenario is loaded); ``NUMBER`` is a decimal such as ``800``, ``1.2`` or ``2e3``. A
 relative bound is ``factor * baseline + offset``, where ``baseline`` is the same figure in the
 baseline file (see :mod:`harness.gates._baseline`).
@@ -177,7 +177,7 @@ def parse_gate(text: str) -> Gate:
 
 
 def unknown_figures(gates: Iterable[Gate], valid: Iterable[str]) -> list[Gate]:
-    """The gates whose figure is not in ``valid`` (see :func:`harness.runfolder._figures.figure_names`)."""
+    """The gates whose figure is not in ``valid`` (see :func:`harness.runfolder.figure_names`)."""
     names = set(valid)
     return [g for g in gates if g.figure not in names]
 

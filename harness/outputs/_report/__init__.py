@@ -1,7 +1,7 @@
 """The run report: one self-contained ``report.html`` per run folder.
 
 :func:`write_report` reads a run folder (``harness.outputs._report._data``), draws the timelines and
-CDFs with plotly (``harness.outputs._report._plots``) and fills ``report.html.j2`` (jinja2). The page
+CDFs with plotly (``_plots``) and fills ``report.html.j2`` (jinja2). The page
 inlines plotly.js and its CSS, so it opens without network.
 """
 
