@@ -120,14 +120,3 @@ def group_names(requests: pd.DataFrame, configured: list[str]) -> list[str]:
     """Configured group names first, then any others seen in the records."""
     seen = [g for g in pd.unique(requests["group"]) if g not in configured] if len(requests) else []
     return configured + [str(g) for g in seen]
-
-
-def to_builtin(value: Any) -> Any:
-    """numpy scalars to Python numbers, recursively, for JSON."""
-    if isinstance(value, dict):
-        return {k: to_builtin(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [to_builtin(v) for v in value]
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
