@@ -2,8 +2,8 @@
 
 Import costs: the read behaviours, configuration models, SSE decoder and the socket client load
 without Locust. The Locust-bound names (``StreamingUser``, ``SlowReaderUser``,
-``user_class_from_config``, ``quit_when_users_done``, ``exit_zero_on_request_failures``) load
-Locust, and with it gevent's monkey-patching, on first use only.
+``user_class_from_config``, ``quit_when_users_done``, ``exit_zero_on_request_failures``,
+``sample_saturation``) load Locust, and with it gevent's monkey-patching, on first use only.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from ._openai import ENDPOINT_PATHS, Endpoint, TokenCounter, parse_payload, requ
 from ._prompt import build_prompt, prompt_seed
 from ._reads import READS, FullSpeed, Paced, ReadBehaviour, ReadConfig
 from ._records import OUTCOMES, Chunk, RecordWriter, RequestRecord, read_records
-from ._saturation import sample_saturation
 from ._sockets import TCP_CLOSE, TCP_CLOSE_WAIT, peer_cut, tcp_state
 from ._sse import SSEDecoder, SSEEvent
 from ._workers import (
@@ -45,6 +44,7 @@ from ._workers import (
 
 if TYPE_CHECKING:
     from ._lifecycle import exit_zero_on_request_failures, quit_when_users_done
+    from ._saturation import sample_saturation
     from ._users import RequestOutcomeError, SlowReaderUser, StreamingUser, user_class_from_config
 
 _LAZY = {
@@ -54,6 +54,7 @@ _LAZY = {
     "user_class_from_config": "._users",
     "quit_when_users_done": "._lifecycle",
     "exit_zero_on_request_failures": "._lifecycle",
+    "sample_saturation": "._saturation",
 }
 
 __all__ = [

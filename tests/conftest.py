@@ -20,6 +20,16 @@ VLLM_ARGS = [
 ]  # fmt: skip
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """Stop the session if a test loaded Locust into this process: gevent's monkey-patching
+    would turn every later test's threads (emulator, egress buffer, samplers) into greenlets
+    that block each other, and the suite would hang instead of failing. Load belongs in Locust
+    subprocesses."""
+    if "locust" in sys.modules or "gevent.monkey" in sys.modules:
+        pytest.exit(f"{item.nodeid} imported Locust/gevent into the pytest process", returncode=3)
+
+
 def vllm_available() -> bool:
     try:
         import vllm  # noqa: F401
