@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-from harness.lifecycle import EXIT_SETUP, DistributedError, run_worker
+from harness._cli_errors import setup_errors
+from harness.lifecycle import DistributedError, run_worker
 
 model_app = typer.Typer(help="Models for tests and demos.", no_args_is_help=True)
 serve_app = typer.Typer(help="Servers the toolkit ships.", no_args_is_help=True)
@@ -28,14 +29,8 @@ def worker(
 ) -> None:
     """Join a master of `zerowindow run --remote-workers N` as one Locust worker; its records
     reach the run folder through the master."""
-    try:
+    with setup_errors({DistributedError: "invalid argument", OSError: "cannot start the worker"}):
         code = run_worker(master, out_dir=out, name=name)
-    except DistributedError as exc:
-        typer.echo(f"invalid argument\n{exc}", err=True)
-        raise typer.Exit(EXIT_SETUP) from None
-    except OSError as exc:
-        typer.echo(f"cannot start the Locust worker: {exc}", err=True)
-        raise typer.Exit(EXIT_SETUP) from None
     raise typer.Exit(code)
 
 
@@ -47,11 +42,8 @@ def model_tiny(
     """Write a random-weight Llama model and a locally trained tokenizer (no network)."""
     from harness.servers._tiny_model import make_tiny_model
 
-    try:
+    with setup_errors(f"cannot write the tiny model to {out_dir}", also=(ValueError,)):
         path = make_tiny_model(out_dir, seed=seed)
-    except (OSError, ValueError) as exc:
-        typer.echo(f"cannot write the tiny model to {out_dir}: {exc}", err=True)
-        raise typer.Exit(EXIT_SETUP) from None
     typer.echo(f"tiny model written to {path}")
 
 
@@ -96,13 +88,10 @@ def netem_clean(
 ) -> None:
     """Remove what killed runs left: zw- namespaces, links, qdiscs, nftables tables, delay
     lines and processes (from the runs' state files and by the zw- prefix)."""
-    from netem import NetemError, clean
+    from netem import clean
 
-    try:
+    with setup_errors("cannot clean"):
         report = clean(results=results, run_id=run_id, force=force)
-    except NetemError as exc:
-        typer.echo(str(exc), err=True)
-        raise typer.Exit(EXIT_SETUP) from None
     for item in report.removed:
         typer.echo(f"removed {item}")
     for rid in report.skipped_live_runs:
@@ -119,10 +108,11 @@ def netem_show(
     """The toolkit's namespaces and interfaces, the shaping on each, and running runs."""
     from netem import overview, show
 
-    if ifname is not None:
-        typer.echo(repr(show(netns, ifname)))
-        return
-    view = overview()
+    with setup_errors("cannot read the network state"):
+        if ifname is not None:
+            typer.echo(repr(show(netns, ifname)))
+            return
+        view = overview()
     for run in view["runs"]:
         state = "running" if run["alive"] else "dead (zerowindow netem clean)"
         typer.echo(f"run {run['run_id']}: {state}, {run['resources']} resources, {run['run_dir']}")
@@ -142,9 +132,9 @@ def netem_apply(
     backend: Annotated[str, typer.Option(help="auto, netem or fallback")] = "auto",
 ) -> None:
     """Shape IFNAME with PROFILE until Ctrl-C (up on its egress, down on its ingress)."""
-    from netem import NetemError, UnknownPreset, apply_and_hold, preset
+    from netem import apply_and_hold, preset
 
-    try:
+    with setup_errors(f"cannot shape {ifname}"):
         link = preset(profile)
         errors = apply_and_hold(
             link,
@@ -155,9 +145,6 @@ def netem_apply(
                 f"{link.name} on {ifname}: backend {a.backend} ({a.reason}); Ctrl-C to remove"
             ),
         )
-    except (NetemError, UnknownPreset) as exc:
-        typer.echo(str(exc), err=True)
-        raise typer.Exit(EXIT_SETUP) from None
     for err in errors:
         typer.echo(f"release: {err}", err=True)
     typer.echo("shaping removed")
@@ -169,13 +156,10 @@ def netem_clear(
     netns: NetnsOption = None,
 ) -> None:
     """Remove the toolkit's shaping from IFNAME (e.g. after a killed `netem apply`)."""
-    from netem import NetemError, clear_shaping
+    from netem import clear_shaping
 
-    try:
+    with setup_errors(f"cannot clear {ifname}"):
         removed = clear_shaping(netns=netns, ifname=ifname)
-    except NetemError as exc:
-        typer.echo(str(exc), err=True)
-        raise typer.Exit(EXIT_SETUP) from None
     for item in removed:
         typer.echo(f"removed {item}")
     if not removed:

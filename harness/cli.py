@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated
 
 import typer
 
+from harness._cli_errors import fail, setup_errors
 from harness._cli_tools import add_tool_commands
 from harness.gates import BaselineError, load_baseline, save_baseline
 from harness.lifecycle import (
-    EXIT_SETUP,
-    DistributedError,
     Distribution,
     RunProgress,
     parse_address,
@@ -22,14 +21,13 @@ from harness.lifecycle import (
 )
 from harness.outputs import (
     STEP_SUMMARY_ENV,
-    append_setup_error,
     append_step_summary,
     print_comparison,
     print_gates,
     print_summary,
 )
 from harness.scenario import Scenario, ScenarioError, load_scenario
-from zwcore import RunFolderError
+from zwcore import ZerowindowError
 
 app = typer.Typer(
     help="Chaos and load testing for LLM streaming servers.",
@@ -39,17 +37,13 @@ app = typer.Typer(
 add_tool_commands(app)
 baseline_app = typer.Typer(help="Baselines for relative gates.", no_args_is_help=True)
 app.add_typer(baseline_app, name="baseline")
-
-
-def _setup_error(scenario: Path, title: str, detail: str) -> NoReturn:
-    """Report an error that stops `run` before it starts (stderr and, under GitHub Actions,
-    the job summary) and exit 2."""
-    typer.echo(f"{title}\n{detail}", err=True)
-    try:
-        append_setup_error(scenario, title, detail)
-    except OSError as exc:
-        typer.echo(f"cannot append to ${STEP_SUMMARY_ENV}: {exc}", err=True)
-    raise typer.Exit(EXIT_SETUP)
+# What stops `run` before it measures, by the error's class (harness._cli_errors).
+_RUN_TITLES = {
+    ScenarioError: "invalid argument",
+    BaselineError: "cannot load the baseline",
+    OSError: "cannot create the run folder",
+    ZerowindowError: "cannot start the run",
+}
 
 
 @app.command()
@@ -104,29 +98,27 @@ def run(
     Writes junit.xml into the run folder; appends a Markdown summary to $GITHUB_STEP_SUMMARY
     when it is set."""
     if baseline is not None and no_baseline:
-        _setup_error(
-            scenario, "invalid arguments", "--baseline and --no-baseline exclude each other"
+        fail(
+            "invalid arguments",
+            "--baseline and --no-baseline exclude each other",
+            scenario=scenario,
         )
-    try:
+    with setup_errors("invalid scenario", scenario=scenario):
         config = load_scenario(scenario)
-    except ScenarioError as exc:
-        _setup_error(scenario, "invalid scenario", str(exc))
     distribution = None
     if workers or remote_workers:
-        try:
+        with setup_errors("invalid argument", scenario=scenario):
             host, port = parse_address(master_bind, default_port=0)
             distribution = Distribution(workers, remote_workers, host, port)
-        except DistributedError as exc:
-            _setup_error(scenario, "invalid argument", str(exc))
     if config.proxies:
         if distribution is not None:
-            _setup_error(
-                scenario,
+            fail(
                 "invalid argument",
                 "--workers/--remote-workers do not apply to a scenario with proxies = [...] yet",
+                scenario=scenario,
             )
         _run_comparison(config, scenario, out, target_url)
-    try:
+    with setup_errors(_RUN_TITLES, scenario=scenario):
         result = run_scenario(
             config,
             scenario_path=scenario,
@@ -137,12 +129,6 @@ def run(
             progress=RunProgress() if progress else None,
             distribution=distribution,
         )
-    except ScenarioError as exc:
-        _setup_error(scenario, "invalid argument", str(exc))
-    except BaselineError as exc:
-        _setup_error(scenario, "cannot load the baseline", str(exc))
-    except OSError as exc:
-        _setup_error(scenario, "cannot create the run folder", f"under {out}: {exc.strerror}")
     print_summary(result.summary, run_dir=str(result.run_dir))
     print_gates(result.gates, exit_code=result.exit_code)
     try:
@@ -170,12 +156,9 @@ def analyze(
 
     Exit code as for `run`: 0 complete and every gate passed, 1 failed or a gate failed,
     2 not a run folder, 130 the run was interrupted."""
-    try:
+    with setup_errors(f"cannot analyse {run_dir}"):
         base = (baseline, load_baseline(baseline)) if baseline is not None else None
         result = reanalyze(run_dir, baseline=base, skip_relative=base is None)
-    except RunFolderError as exc:
-        typer.echo(f"cannot analyse {run_dir}\n{exc}", err=True)
-        raise typer.Exit(EXIT_SETUP) from None
     print_summary(result.summary, run_dir=str(result.run_dir))
     print_gates(result.gates, exit_code=result.exit_code)
     raise typer.Exit(result.exit_code)
@@ -194,11 +177,8 @@ def baseline_save(
     ] = False,
 ) -> None:
     """Save the figures of RUN_DIR as the baseline of its scenario."""
-    try:
+    with setup_errors("cannot save the baseline"):
         path = save_baseline(run_dir, to, allow_incomplete=allow_incomplete)
-    except BaselineError as exc:
-        typer.echo(f"cannot save the baseline\n{exc}", err=True)
-        raise typer.Exit(EXIT_SETUP) from None
     typer.echo(f"baseline written to {path}")
 
 
@@ -212,14 +192,8 @@ def report(
     """Write RUN_DIR/report.html: one self-contained page with timelines, CDFs and verdicts."""
     from harness.outputs import write_report
 
-    try:
+    with setup_errors("cannot write the report"):
         path = write_report(run_dir, out)
-    except RunFolderError as exc:
-        typer.echo(f"cannot write the report\n{exc}", err=True)
-        raise typer.Exit(EXIT_SETUP) from None
-    except OSError as exc:
-        typer.echo(f"cannot write the report to {exc.filename}: {exc.strerror}", err=True)
-        raise typer.Exit(EXIT_SETUP) from None
     typer.echo(f"report written to {path}")
 
 
@@ -242,20 +216,14 @@ def compare(
     from harness.outputs._compare import FORMATS, compare_runs, html_page, render, rich_table
 
     if len(run_dirs) < 2 or fmt not in FORMATS:
-        typer.echo(
-            "compare needs two or more run folders and --format " + "|".join(FORMATS), err=True
+        fail(
+            "invalid arguments",
+            "compare needs two or more run folders and --format " + "|".join(FORMATS),
         )
-        raise typer.Exit(EXIT_SETUP)
-    try:
+    with setup_errors("cannot compare", also=(ValueError,)):
         comparison = compare_runs(run_dirs, only or ())
         if html is not None:
             html.write_text(html_page(comparison), encoding="utf-8")
-    except (RunFolderError, ValueError) as exc:
-        typer.echo(f"cannot compare\n{exc}", err=True)
-        raise typer.Exit(EXIT_SETUP) from None
-    except OSError as exc:
-        typer.echo(f"cannot write {exc.filename}: {exc.strerror}", err=True)
-        raise typer.Exit(EXIT_SETUP) from None
     if fmt == "table":
         Console(width=None if sys.stdout.isatty() else 200).print(rich_table(comparison))
     else:
@@ -265,13 +233,8 @@ def compare(
 
 
 def _run_comparison(config: Scenario, path: Path, out: Path, target_url: str | None) -> None:
-
-    try:
+    with setup_errors(_RUN_TITLES, scenario=path):
         result = run_comparison(config, scenario_path=path, out_root=out, target_url=target_url)
-    except ScenarioError as exc:
-        _setup_error(path, "invalid argument", str(exc))
-    except OSError as exc:
-        _setup_error(path, "cannot create the run folder", f"under {out}: {exc.strerror}")
     if result.comparison is not None:
         print_comparison(result.comparison, title=config.name)
     for name, run in result.runs.items():

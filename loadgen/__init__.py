@@ -27,7 +27,7 @@ from ._config import SATURATION_ENV, GroupRunConfig, UserGroupConfig
 from ._openai import ENDPOINT_PATHS, Endpoint, TokenCounter, parse_payload, request_body
 from ._prompt import build_prompt, prompt_seed
 from ._reads import READS, FullSpeed, Paced, ReadBehaviour, ReadConfig
-from ._records import OUTCOMES, Chunk, RecordWriter, RequestRecord, read_records
+from ._records import OUTCOMES, Chunk, RecordWriter, RequestRecord, read_records, ttft_ms
 from ._sockets import TCP_CLOSE, TCP_CLOSE_WAIT, peer_cut, tcp_state
 from ._sse import SSEDecoder, SSEEvent
 from ._workers import (
@@ -59,24 +59,18 @@ _LAZY = {
 
 __all__ = [
     "ACTIONS",
-    "ENDPOINT_PATHS",
-    "OUTCOMES",
-    "READS",
-    "SATURATION_ENV",
-    "TCP_CLOSE",
-    "TCP_CLOSE_WAIT",
-    "WORKER_DIR_ENV",
-    "WORKER_FORWARD_ENV",
-    "WORKER_NAME_ENV",
     "AbortiveClose",
     "ActionConfig",
     "Chunk",
     "ClientAction",
+    "ENDPOINT_PATHS",
     "Endpoint",
     "FullSpeed",
     "GroupRunConfig",
     "HalfClose",
+    "OUTCOMES",
     "Paced",
+    "READS",
     "ReadBehaviour",
     "ReadConfig",
     "RecordWriter",
@@ -84,15 +78,21 @@ __all__ = [
     "RequestOutcomeError",
     "RequestRecord",
     "RequestSpec",
+    "SATURATION_ENV",
     "SSEDecoder",
     "SSEEvent",
     "SlowReaderUser",
     "Stall",
     "StopReading",
     "StreamingUser",
+    "TCP_CLOSE",
+    "TCP_CLOSE_WAIT",
     "TokenCounter",
     "UnknownKindError",
     "UserGroupConfig",
+    "WORKER_DIR_ENV",
+    "WORKER_FORWARD_ENV",
+    "WORKER_NAME_ENV",
     "build_prompt",
     "exit_zero_on_request_failures",
     "group_file",
@@ -107,6 +107,7 @@ __all__ = [
     "sample_saturation",
     "stream_request",
     "tcp_state",
+    "ttft_ms",
     "user_class_from_config",
     "valid_worker_name",
     "worker_of",

@@ -93,6 +93,11 @@ class RequestRecord:
     t_cut_seen: float | None = None
     cut_kind: str | None = None
 
+    @property
+    def ttft_ms(self) -> float | None:
+        """TTFT (ms) of this request (:func:`ttft_ms`)."""
+        return ttft_ms(self.t_send, self.t_first_token)
+
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
 
@@ -101,6 +106,15 @@ class RequestRecord:
         data = dict(data)
         data["chunks"] = [Chunk(**c) for c in data.get("chunks", [])]
         return cls(**data)
+
+
+def ttft_ms(t_send: float | None, t_first_token: float | None) -> float | None:
+    """Time to first token (ms): the arrival of the first token-carrying chunk minus the send,
+    both monotonic seconds (DESIGN.md's vocabulary); ``None`` when either is missing. The one
+    definition, used by the tables, the live progress and the Locust statistics."""
+    if t_send is None or t_first_token is None:
+        return None
+    return (t_first_token - t_send) * 1000.0
 
 
 class RecordWriter:

@@ -172,8 +172,7 @@ class StreamingUser(User):
             "url": None,
         }
         fire = self.environment.events.request.fire
-        if record.t_first_token is not None:
-            ttft_ms = (record.t_first_token - record.t_send) * 1000.0
+        if (ttft_ms := record.ttft_ms) is not None:
             fire(
                 request_type="TTFT",
                 response_time=ttft_ms,

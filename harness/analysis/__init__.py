@@ -16,7 +16,15 @@ from harness.analysis._comparison import (
     buffering_distortion,
     compare,
 )
-from harness.analysis._latency import inter_chunk, per_token_itl, percentile, tpot
+from harness.analysis._latency import (
+    inter_chunk,
+    inter_chunk_s,
+    per_token_itl,
+    per_token_itl_s,
+    percentile,
+    token_gaps,
+    tpot,
+)
 from harness.analysis._saturation import saturation_summary
 from harness.analysis._verdicts import KvHeldVerdict, kv_held_verdict
 
@@ -31,11 +39,14 @@ __all__ = [
     "buffering_distortion",
     "compare",
     "inter_chunk",
+    "inter_chunk_s",
     "kv_held_verdict",
     "per_token_itl",
+    "per_token_itl_s",
     "percentile",
     "read_facts",
     "saturation_summary",
+    "token_gaps",
     "tpot",
     "write_analysis",
 ]

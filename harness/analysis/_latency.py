@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import pandas as pd
 from numpy.typing import ArrayLike
 
 
@@ -27,29 +28,52 @@ def percentile(values: ArrayLike, q: float) -> float | None:
     return float(np.percentile(arr, q))
 
 
+def token_gaps(chunks: pd.DataFrame) -> pd.DataFrame:
+    """The token-carrying rows of ``chunks`` (columns ``request_id``, ``t`` in s, ``tokens``;
+    others are kept), sorted by stream and time, with a column ``gap_s``: the time since the
+    same stream's previous token-carrying chunk (NaN for a stream's first). The one place the
+    gaps behind ITL and inter-chunk latency are computed."""
+    ch = chunks[chunks["tokens"] > 0].sort_values(["request_id", "t"])
+    return ch.assign(gap_s=ch.groupby("request_id", sort=False)["t"].diff())
+
+
+def per_token_itl_s(chunks: pd.DataFrame) -> np.ndarray:
+    """Per-token inter-token latencies (s) of every stream in ``chunks`` (as
+    :func:`token_gaps`): a chunk of ``k`` tokens after a gap ``Δt`` gives ``k`` values
+    ``Δt / k``; a stream's first chunk gives none (its gap is the TTFT)."""
+    ch = token_gaps(chunks)
+    ch = ch[ch["gap_s"].notna()]
+    tokens = ch["tokens"].to_numpy().astype(int)
+    return np.repeat(ch["gap_s"].to_numpy() / tokens, tokens)
+
+
+def inter_chunk_s(chunks: pd.DataFrame) -> np.ndarray:
+    """Gaps (s) between consecutive token-carrying chunks of every stream in ``chunks``."""
+    return token_gaps(chunks)["gap_s"].dropna().to_numpy()
+
+
+def _stream(times_s: Sequence[float], tokens: Sequence[int]) -> pd.DataFrame:
+    return pd.DataFrame({"request_id": 0, "t": list(times_s), "tokens": list(tokens)})
+
+
 def per_token_itl(times_s: Sequence[float], tokens: Sequence[int]) -> list[float]:
-    """Per-token inter-token latencies (s) of one stream.
+    """Per-token inter-token latencies (s) of one stream (:func:`per_token_itl_s`).
 
     ``times_s[i]`` is when token-carrying chunk ``i`` arrived and ``tokens[i]`` how many tokens
-    it carried (chunks with 0 tokens must be left out by the caller). The first chunk yields no
-    value (its gap is the TTFT); chunk ``i > 0`` yields ``tokens[i]`` values of
-    ``(times_s[i] - times_s[i-1]) / tokens[i]``. Raises ``ValueError`` if the lengths differ or a
-    count is below 1.
+    it carried. Raises ``ValueError`` if the lengths differ or a count is below 1 (leave
+    token-less chunks out).
     """
     if len(times_s) != len(tokens):
         raise ValueError("times_s and tokens must have the same length")
-    out: list[float] = []
-    for i in range(1, len(times_s)):
-        k = tokens[i]
+    for i, k in enumerate(tokens):
         if k < 1:
             raise ValueError(f"chunk {i} carries {k} tokens; leave token-less chunks out")
-        out.extend([(times_s[i] - times_s[i - 1]) / k] * k)
-    return out
+    return [float(v) for v in per_token_itl_s(_stream(times_s, tokens))]
 
 
 def inter_chunk(times_s: Sequence[float]) -> list[float]:
-    """Gaps (s) between consecutive token-carrying chunks of one stream."""
-    return [b - a for a, b in zip(times_s, times_s[1:], strict=False)]
+    """Gaps (s) between consecutive token-carrying chunks of one stream (:func:`inter_chunk_s`)."""
+    return [float(v) for v in inter_chunk_s(_stream(times_s, [1] * len(times_s)))]
 
 
 def tpot(t_first_token_s: float, t_last_token_s: float, completion_tokens: int) -> float | None:

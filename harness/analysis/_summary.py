@@ -11,12 +11,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness.analysis._latency import inter_chunk, per_token_itl, percentile
+from harness.analysis._latency import inter_chunk_s, per_token_itl_s, percentile
 from harness.analysis._stalls import generation_tokens, undelivered_tokens
 from harness.runfolder import GroupSummary, ServerSummary
 
 
-def _ms(values: list[float], q: float) -> float | None:
+def _ms(values: np.ndarray, q: float) -> float | None:
     p = percentile(values, q)
     return None if p is None else p * 1000.0
 
@@ -28,13 +28,9 @@ def _maybe(value: Any) -> float | None:
 def summarize_group(name: str, requests: pd.DataFrame, chunks: pd.DataFrame) -> GroupSummary:
     """Summarize the rows of ``requests`` and ``chunks`` that belong to group ``name``."""
     req = requests[requests["group"] == name]
-    ch = chunks[(chunks["group"] == name) & (chunks["tokens"] > 0)].sort_values(["request_id", "t"])
-    itl: list[float] = []
-    gaps: list[float] = []
-    for _, stream in ch.groupby("request_id", sort=False):
-        times = stream["t"].tolist()
-        itl.extend(per_token_itl(times, stream["tokens"].tolist()))
-        gaps.extend(inter_chunk(times))
+    ch = chunks[chunks["group"] == name]
+    itl = per_token_itl_s(ch)
+    gaps = inter_chunk_s(ch)
     tokens = int(req["completion_tokens"].sum()) if len(req) else 0
     span = None
     if len(req) and req["t_last_byte"].notna().any():
@@ -71,7 +67,7 @@ def summarize_group(name: str, requests: pd.DataFrame, chunks: pd.DataFrame) -> 
         output_tokens=tokens,
         output_tokens_per_s=tokens / span if span else None,
         server_send_q_peak_bytes=None if (q := _maybe(peak_q)) is None else int(q),
-        inter_chunk_mean_ms=float(np.mean(gaps)) * 1000.0 if gaps else None,
+        inter_chunk_mean_ms=float(np.mean(gaps)) * 1000.0 if gaps.size else None,
         stalled=len(stalled),
         cut_seen=len(cut),
         cut_rst=int((cut["cut_kind"] == "rst").sum()) if len(cut) else 0,

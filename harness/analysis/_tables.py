@@ -88,7 +88,7 @@ def requests_frame(records: list[RequestRecord], sockets: pd.DataFrame) -> pd.Da
         last_token = token_times[-1] if token_times else None
         row = {k: getattr(r, k, None) for k in REQUEST_COLUMNS if hasattr(r, k)}
         row.update(
-            ttft_ms=_ms(r.t_send, r.t_first_token),
+            ttft_ms=r.ttft_ms,
             e2e_ms=_ms(r.t_send, r.t_end or r.t_last_byte),
             tpot_ms=(
                 None

@@ -27,6 +27,7 @@ from rich.live import Live
 from rich.table import Table
 
 from harness.runfolder import records_files
+from loadgen import ttft_ms
 
 # Records are JSON objects whose scalar fields come before the (long) chunk list.
 _CHUNKS_KEY = ',"chunks":'
@@ -207,8 +208,10 @@ class RunProgress:
                     continue
                 state.finished += 1
                 t_send, t_first = head.get("t_send"), head.get("t_first_token")
-                if isinstance(t_send, int | float) and isinstance(t_first, int | float):
-                    state.ttft_ms.append((t_first - t_send) * 1000.0)
+                if not isinstance(t_send, int | float) or not isinstance(t_first, int | float):
+                    continue
+                if (ttft := ttft_ms(t_send, t_first)) is not None:
+                    state.ttft_ms.append(ttft)
         # Medians only after new records, not on every call from the run loop.
         self._group_view = {g: (s.finished, s.ttft_p50_ms()) for g, s in self._groups.items()}
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from harness.analysis import per_token_itl_s
 from loadgen import RequestRecord, read_records
 from zwcore import RunFolderError
 
@@ -281,18 +282,12 @@ def ttft_ms(data: RunData, user_class: str) -> np.ndarray:
 
 
 def itl_ms(data: RunData, user_class: str) -> np.ndarray:
-    """Per-token ITL (ms) of the class's streams: a chunk of ``k`` tokens after a gap ``Δt``
-    gives ``k`` values ``Δt / k``; a stream's first chunk none (as
-    ``harness.analysis._latency.per_token_itl``, vectorised)."""
+    """Per-token ITL (ms) of the class's streams (``harness.analysis.per_token_itl_s``)."""
     req, ch = data.requests, data.chunks
     if req.empty or ch.empty:
         return np.array([])
     ids = set(req.loc[req["user_class"].astype(str) == user_class, "request_id"])
-    ch = ch[ch["request_id"].isin(ids) & (ch["tokens"] > 0)].sort_values(["request_id", "t"])
-    gap = ch.groupby("request_id", sort=False)["t"].diff()
-    keep = gap.notna().to_numpy()
-    tokens = ch["tokens"].to_numpy()[keep].astype(int)
-    return np.repeat(gap.to_numpy()[keep] / tokens, tokens) * 1000.0
+    return per_token_itl_s(ch[ch["request_id"].isin(ids)]) * 1000.0
 
 
 def cdf(values: np.ndarray, max_points: int = 2000) -> tuple[np.ndarray, np.ndarray]:
