@@ -19,7 +19,7 @@ from markupsafe import Markup
 from pydantic import ValidationError
 from rich.table import Table
 
-from harness.outputs._report import fmt_number
+from harness.outputs._format import fmt_number
 from harness.outputs._report._data import (
     ReportError,
     RunData,

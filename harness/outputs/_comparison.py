@@ -5,25 +5,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
 from harness.analysis._comparison import Comparison
+from harness.outputs._format import fmt_number
 from harness.runfolder import COMPARISON_JSON, COMPARISON_MD
-
-
-def _cell(value: Any, digits: int = 1) -> str:
-    if value is None or (isinstance(value, float) and pd.isna(value)):
-        return "-"
-    if isinstance(value, float):
-        return f"{value:,.{digits}f}"
-    if isinstance(value, int):
-        return f"{value:,}"
-    return str(value)
-
 
 _GROUP_HEADERS = {
     "configuration": "config", "group": "group", "requests": "n", "outcomes": "outcomes",
@@ -48,7 +37,7 @@ _CONFIG_HEADERS = {
 
 
 def _table_rows(frame: pd.DataFrame) -> list[list[str]]:
-    return [[_cell(v) for v in row] for row in frame.astype(object).itertuples(index=False)]
+    return [[fmt_number(v, 1) for v in row] for row in frame.astype(object).itertuples(index=False)]
 
 
 def to_markdown(comparison: Comparison, *, title: str) -> str:

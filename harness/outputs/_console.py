@@ -9,11 +9,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from harness.gates._evaluate import GateResult
+from harness.outputs._format import fmt_number as _f
 from harness.runfolder import RunSummary
-
-
-def _f(value: float | None, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:,.{digits}f}"
 
 
 def print_summary(summary: RunSummary, *, run_dir: str, console: Console | None = None) -> None:
@@ -31,10 +28,10 @@ def print_summary(summary: RunSummary, *, run_dir: str, console: Console | None 
             g.group,
             str(g.requests),
             ", ".join(f"{k} {v}" for k, v in sorted(g.outcomes.items())),
-            _f(g.ttft_p50_ms), _f(g.ttft_p90_ms), _f(g.ttft_p99_ms),
+            _f(g.ttft_p50_ms, 1), _f(g.ttft_p90_ms, 1), _f(g.ttft_p99_ms, 1),
             _f(g.itl_p50_ms, 2), _f(g.itl_p99_ms, 2),
             _f(g.inter_chunk_p50_ms, 2), _f(g.inter_chunk_p99_ms, 2),
-            _f(g.output_tokens_per_s),
+            _f(g.output_tokens_per_s, 1),
         )  # fmt: skip
     console.print(groups)
     console.print("[dim]latencies in ms; ITL per token; chunk gap = inter-chunk latency[/dim]")
@@ -43,7 +40,7 @@ def print_summary(summary: RunSummary, *, run_dir: str, console: Console | None 
     for col in ("peak KV usage %", "preemptions", "peak running", "peak waiting", "missing"):
         server.add_column(col, justify="right")
     server.add_row(
-        _f(s.kv_cache_usage_peak_perc),
+        _f(s.kv_cache_usage_peak_perc, 1),
         _f(s.preemptions, 0),
         _f(s.running_peak, 0),
         _f(s.waiting_peak, 0),

@@ -11,13 +11,10 @@ import os
 from pathlib import Path
 
 from harness.gates._evaluate import GateResult
+from harness.outputs._format import fmt_number as _f
 from harness.runfolder import RunSummary
 
 ENV = "GITHUB_STEP_SUMMARY"
-
-
-def _f(value: float | None, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:,.{digits}f}"
 
 
 def _cell(text: str) -> str:
@@ -57,15 +54,15 @@ def step_summary_markdown(
     for grp in summary.groups:
         outcomes = ", ".join(f"{k} {v}" for k, v in sorted(grp.outcomes.items()))
         out.append(
-            f"| {grp.group} | {grp.requests} | {outcomes} | {_f(grp.ttft_p50_ms)} "
-            f"| {_f(grp.ttft_p99_ms)} | {_f(grp.itl_p50_ms, 2)} | {_f(grp.itl_p99_ms, 2)} "
-            f"| {_f(grp.output_tokens_per_s)} |"
+            f"| {grp.group} | {grp.requests} | {outcomes} | {_f(grp.ttft_p50_ms, 1)} "
+            f"| {_f(grp.ttft_p99_ms, 1)} | {_f(grp.itl_p50_ms, 2)} | {_f(grp.itl_p99_ms, 2)} "
+            f"| {_f(grp.output_tokens_per_s, 1)} |"
         )
     s = summary.server
     out += [
         "",
         "Latencies in ms. Server: peak KV usage "
-        f"{_f(s.kv_cache_usage_peak_perc)} %, preemptions {_f(s.preemptions, 0)}, "
+        f"{_f(s.kv_cache_usage_peak_perc, 1)} %, preemptions {_f(s.preemptions, 0)}, "
         f"peak running {_f(s.running_peak, 0)}, peak waiting {_f(s.waiting_peak, 0)}.",
         "",
     ]

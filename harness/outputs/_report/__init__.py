@@ -15,6 +15,7 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
+from harness.outputs._format import fmt_number
 from harness.outputs._report._data import (
     ReportError,
     RunData,
@@ -28,7 +29,7 @@ from harness.outputs._report._data import (
 from harness.outputs._report._plots import class_cdfs, fragment, plotly_js, timeline
 
 __all__ = [
-    "REPORT_NAME", "ReportError", "fmt_number", "render_report", "report_or_warning",
+    "REPORT_NAME", "ReportError", "render_report", "report_or_warning",
     "write_report",
 ]  # fmt: skip
 
@@ -36,19 +37,8 @@ REPORT_NAME = "report.html"
 _STATUS_CSS = {"held": "bad", "none": "good", "not_observed": "warn"}
 
 
-def fmt_number(value: Any) -> str:
-    """A table cell: ``-`` for ``None``, thousands separators, 1-3 decimals by magnitude."""
-    if value is None or isinstance(value, jinja2.Undefined):
-        return "-"
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return str(value)
-    if isinstance(value, int) or float(value).is_integer() and abs(value) < 1e15:
-        return f"{int(value):,}"
-    if abs(value) >= 100:
-        return f"{value:,.1f}"
-    if abs(value) >= 1:
-        return f"{value:.2f}"
-    return f"{value:.3g}"
+def _num(value: Any) -> str:
+    return "-" if isinstance(value, jinja2.Undefined) else fmt_number(value)
 
 
 def _env() -> jinja2.Environment:
@@ -56,7 +46,7 @@ def _env() -> jinja2.Environment:
         loader=jinja2.FileSystemLoader(str(Path(__file__).parent)),
         autoescape=True,  # fields missing from an older summary.json render as "-"
     )
-    env.filters["num"] = fmt_number
+    env.filters["num"] = _num
     return env
 
 
