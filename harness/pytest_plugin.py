@@ -2,9 +2,9 @@
 
 Installed with the toolkit (entry point ``pytest11``, name ``zerowindow``), it adds the fixture
 ``zerowindow_run``, a function that runs one scenario and returns its
-:class:`~harness.lifecycle._run.RunResult`: ``run_dir``, the typed ``summary``
-(:class:`~harness.analysis._summary.RunSummary`), ``figures`` (the same names gates use), ``gates``
-(each a :class:`~harness.gates._gates.GateResult`) and ``exit_code`` (as ``zerowindow run``'s)::
+:class:`~harness.RunResult`: ``run_dir``, the typed ``summary``
+(:class:`~harness.RunSummary`), ``figures`` (the same names gates use), ``gates``
+(each a :class:`~harness.GateResult`) and ``exit_code`` (as ``zerowindow run``'s)::
 
     def test_fast_readers_keep_their_ttft(zerowindow_run):
         result = zerowindow_run(
@@ -21,7 +21,7 @@ Installed with the toolkit (entry point ``pytest11``, name ``zerowindow``), it a
 check=False)``:
 
 - ``scenario``: a scenario file (a relative path is taken from pytest's rootdir) or a
-  :class:`~harness.scenario._models.Scenario`;
+  :class:`~harness.Scenario`;
 - ``overrides``: values merged into the file's tables before validation;
 - ``out``: the folder that receives the run folder (default ``--zerowindow-out``, else the
   test's ``tmp_path``);
@@ -30,8 +30,8 @@ check=False)``:
   ``<rootdir>/results/baselines/<scenario>.json``);
 - ``check``: fail the test, listing the failed gates, when the exit code is not 0.
 
-An invalid scenario raises :class:`~harness.scenario._models.ScenarioError` and a missing baseline
-:class:`~harness.gates._baseline.BaselineError`, both before anything starts. Each run's folder is
+An invalid scenario raises :class:`~harness.ScenarioError` and a missing baseline
+:class:`~harness.BaselineError`, both before anything starts. Each run's folder is
 added to the test's ``user_properties`` (``zerowindow_run_dir``), so pytest's own
 ``--junitxml`` report names it.
 """
@@ -86,8 +86,8 @@ class ScenarioRunner:
         baseline: str | Path | None = None,
         check: bool = False,
     ) -> RunResult:
-        from harness.gates._baseline import baseline_path
-        from harness.lifecycle._run import run_scenario
+        from harness.gates import baseline_path
+        from harness.lifecycle import run_scenario
         from harness.scenario import Scenario, load_scenario
 
         path: Path | None = None
@@ -124,6 +124,6 @@ def failure_report(result: RunResult) -> str:
 
 @pytest.fixture
 def zerowindow_run(request: pytest.FixtureRequest, tmp_path: Path) -> ScenarioRunner:
-    """Run a zerowindow scenario and return its :class:`~harness.lifecycle._run.RunResult` (see
+    """Run a zerowindow scenario and return its :class:`~harness.RunResult` (see
     :mod:`harness.pytest_plugin`)."""
     return ScenarioRunner(request, tmp_path / "zerowindow")
