@@ -31,7 +31,7 @@ max_tokens = 16
 TESTS = """\
 from pathlib import Path
 
-from harness.analysis._summary import RunSummary
+from harness import RunSummary
 
 
 def test_typed_summary(zerowindow_run):
