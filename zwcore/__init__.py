@@ -1,6 +1,7 @@
 """The toolkit's foundation, shared by ``loadgen``, ``netem`` and ``harness``: the registry by
-``kind`` that every pluggable part uses, and the one exception tree."""
+``kind`` that every pluggable part uses, the one exception tree, and CPU lists."""
 
+from zwcore._cpus import format_cpu_list, parse_cpu_list
 from zwcore._errors import (
     LoadError,
     NetworkError,
@@ -22,6 +23,8 @@ __all__ = [
     "TargetError",
     "UnknownKindError",
     "ZerowindowError",
+    "format_cpu_list",
     "kind_of",
+    "parse_cpu_list",
     "relocated_errors",
 ]

@@ -65,6 +65,7 @@ class RunFacts:
     missing_metrics: list[str] = field(default_factory=list)
     stalled_flows: list[dict[str, Any]] | None = None
     load_workers: list[LoadWorker] = field(default_factory=list)
+    placement: dict[str, Any] | None = None  # run.json's "placement" (lifecycle._placement)
 
     def as_dict(self) -> dict[str, Any]:
         """The facts as ``run.json`` keeps them (the scenario is there already)."""
@@ -108,6 +109,7 @@ def read_facts(run_dir: Path) -> RunFacts:
         missing_metrics=list(info.get("missing_metrics", old_server.get("missing_metrics", []))),
         stalled_flows=(info.get("network") or {}).get("stalled_flows"),
         load_workers=[LoadWorker.model_validate(w) for w in workers],
+        placement=info.get("placement"),
     )
 
 
@@ -183,7 +185,8 @@ def analyze(run_dir: Path, facts: RunFacts | None = None) -> Analysis:
         server=summarize_server(metrics, facts.missing_metrics, requests),
         verdicts={"kv_held_by_undelivered_streams": verdict.as_dict()},
         client_saturation=saturation_summary(
-            [p for g in groups for p in saturation_files(run_dir, g)]
+            [p for g in groups for p in saturation_files(run_dir, g)],
+            placement=facts.placement,
         ),
         proxy=proxy_summary(facts.proxy_name, facts.proxy_kind, proxy_rows),
         stalled_flows=facts.stalled_flows,

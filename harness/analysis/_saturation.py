@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from harness.analysis._latency import percentile
 from harness.runfolder import ProcessSaturation, SaturationSummary
@@ -25,6 +26,7 @@ def saturation_summary(
     cpu_limit_pct: float = 85.0,
     lag_limit_ms: float = 5.0,
     max_fraction: float = 0.10,
+    placement: dict[str, Any] | None = None,
 ) -> SaturationSummary:
     """Summarise the saturation samples in ``paths`` (one file per user group, possibly several
     processes per file, told apart by ``pid``).
@@ -40,6 +42,8 @@ def saturation_summary(
 
     ``message`` is ``"client saturated: latency figures unreliable (group G: 93 % of samples
     above 85 % CPU, ...)"``, ``"client not saturated"``, or says that nothing was sampled.
+    ``placement`` is run.json's ``placement``; a saturated client run without one is told why
+    (``...; no CPU placement: impossible: 1 usable CPU``).
     Lines that are not valid samples (e.g. a last line cut by a killed process) are skipped.
     Raises ``ValueError`` for limits out of range.
     """
@@ -69,6 +73,8 @@ def saturation_summary(
             if p.saturated
         )
         message = f"client saturated: latency figures unreliable ({details})"
+        if placement is not None and not placement.get("applied"):
+            message += f"; no CPU placement: {placement.get('reason')}"
     else:
         message = "client not saturated"
         if unsampled:

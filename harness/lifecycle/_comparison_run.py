@@ -35,6 +35,12 @@ from harness.lifecycle._conclude import (
     EXIT_SETUP,
     RunResult,
 )
+from harness.lifecycle._placement import (
+    Placement,
+    pinned_to_load,
+    place_target,
+    plan_placement,
+)
 from harness.lifecycle._run import run_configuration, url_target
 from harness.lifecycle._runinfo import host_facts, versions
 from harness.lifecycle._signals import RunInterrupted, signals_raise
@@ -141,7 +147,9 @@ def run_comparison(
     run_dir = new_run_dir(out_root, scenario.name)
     if scenario_path is not None:
         shutil.copyfile(scenario_path, run_dir / SCENARIO_TOML)
+    placement = plan_placement(scenario.placement)
     target = make_target(scenario.target)
+    place_target(placement, target.processes())
     result = ComparisonResult(run_dir)
     info: dict[str, Any] = {
         "scenario": scenario.model_dump(mode="json"),
@@ -150,12 +158,13 @@ def run_comparison(
         "host": host_facts(),
         "started_utc": datetime.now(UTC).isoformat(),
         "idle_wait_s": {},
+        "placement": placement.describe(),
     }
-    with signals_raise():
+    with signals_raise(), pinned_to_load(placement):
         try:
             target.start(run_dir)
             info["warmup"] = warm_up(target.base_url, target.served_model_name)
-            _run_each(scenario, scenario_path, run_dir, target, result, info)
+            _run_each(scenario, scenario_path, run_dir, target, result, info, placement)
         except RunInterrupted as exc:
             result.exit_code, result.failure = EXIT_INTERRUPTED, f"stopped by {exc}"
         except TargetError as exc:
@@ -190,6 +199,7 @@ def _run_each(
     target: Target,
     result: ComparisonResult,
     info: dict[str, Any],
+    placement: Placement,
 ) -> None:
     for named in scenario.proxies:
         if reason := target.failure():
@@ -198,7 +208,9 @@ def _run_each(
         info["idle_wait_s"][named.name] = waited
         sub_dir = run_dir / named.name
         sub_dir.mkdir()
-        outcome = run_configuration(scenario, scenario_path, sub_dir, target, named)
+        outcome = run_configuration(
+            scenario, scenario_path, sub_dir, target, named, placement=placement
+        )
         result.runs[named.name] = outcome
         if outcome.exit_code == EXIT_INTERRUPTED:
             raise RunInterrupted("signal")

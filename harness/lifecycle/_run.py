@@ -33,6 +33,7 @@ from harness.lifecycle._distributed import (
 )
 from harness.lifecycle._loadrun import LoadProcess, start_load
 from harness.lifecycle._netrun import RunNetwork, plan_network
+from harness.lifecycle._placement import Placement, pinned_to_load, place_target, plan_placement
 from harness.lifecycle._progress import RunProgress
 from harness.lifecycle._runinfo import host_facts, versions
 from harness.lifecycle._signals import RunInterrupted, signals_raise
@@ -48,7 +49,13 @@ from harness.runfolder import (
     write_json,
     write_parquet,
 )
-from harness.scenario import NamedProxyConfig, Scenario, ScenarioError, needs_baseline
+from harness.scenario import (
+    NamedProxyConfig,
+    PlacementConfig,
+    Scenario,
+    ScenarioError,
+    needs_baseline,
+)
 from harness.servers import Target, UrlTargetConfig, make_proxy, make_target
 from zwcore import NetworkError, TargetError
 
@@ -73,8 +80,10 @@ class RunLifecycle:
         manage_target: bool = True,
         network: RunNetwork | None = None,
         distribution: Distribution | None = None,
+        placement: Placement | None = None,
     ) -> None:
         self.scenario = scenario
+        self.placement = placement or plan_placement(PlacementConfig(enabled=False))
         self.distribution = distribution
         self.scenario_path = scenario_path
         self.run_dir = run_dir
@@ -107,6 +116,7 @@ class RunLifecycle:
             "started_utc": datetime.now(UTC).isoformat(),
             "clock": {"monotonic_at_start_s": self.t_start, "wall_at_start_s": time.time()},
             "status": "running",
+            "placement": self.placement.describe(),
         }
 
     # -- phases -------------------------------------------------------------------------
@@ -119,6 +129,7 @@ class RunLifecycle:
             for process in self.target.processes() + self.proxy.processes():
                 process.netns = netns
         if self.manage_target:
+            place_target(self.placement, self.target.processes())
             self.target.start(self.run_dir)
         self.client_url = self.proxy.start(self.run_dir, self.target.base_url)
         if self.network is not None:
@@ -226,7 +237,7 @@ class RunLifecycle:
         never raises for failures of the target, the proxy, the network or the load."""
         write_json(self.run_dir / RUN_JSON, self.info)
         started = False
-        with signals_raise() as received:
+        with signals_raise() as received, pinned_to_load(self.placement):
             try:
                 self._tick("starting target")
                 self._start_target()
@@ -312,11 +323,21 @@ def run_configuration(
     run_dir: Path,
     target: Target,
     proxy: NamedProxyConfig,
+    *,
+    placement: Placement | None = None,
 ) -> RunResult:
     """Run ``scenario``'s load through ``proxy`` against ``target``, which is already running
     and is left running (one configuration of a comparison), and conclude it in ``run_dir``
     (gated on its own figures: relative gates are refused for comparisons up front)."""
-    run = RunLifecycle(scenario, scenario_path, run_dir, target, proxy=proxy, manage_target=False)
+    run = RunLifecycle(
+        scenario,
+        scenario_path,
+        run_dir,
+        target,
+        proxy=proxy,
+        manage_target=False,
+        placement=placement,
+    )
     facts = run.execute()
     return conclude(run_dir, facts, run.info, setup_failed=run.setup_failed)
 
@@ -377,6 +398,7 @@ def run_scenario(
     if target_url is not None:
         scenario = scenario.model_copy(update={"target": url_target(scenario, target_url)})
     scenario, network = plan_network(scenario)
+    placement = plan_placement(scenario.placement)
     if network is not None and distribution is not None:
         raise ScenarioError(
             "--workers cannot be combined with network profiles, [server_net] or "
@@ -393,6 +415,7 @@ def run_scenario(
         make_target(scenario.target),
         network=network,
         distribution=distribution,
+        placement=placement,
     )
     run.progress = progress
     if progress is not None:

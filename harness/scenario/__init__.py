@@ -18,6 +18,7 @@ from harness.scenario._models import (
     ServerNetConfig,
     VerdictConfig,
 )
+from harness.scenario._placement import PlacementConfig
 from zwcore import ScenarioError
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "GateSyntaxError",
     "NamedProxyConfig",
     "NetemConfig",
+    "PlacementConfig",
     "Scenario",
     "ScenarioError",
     "ServerNetConfig",

@@ -24,6 +24,7 @@ from pydantic_core import PydanticCustomError
 
 from harness.runfolder import figure_names
 from harness.scenario._gate_syntax import Gate, GateSyntaxError, parse_gate, unknown_figures
+from harness.scenario._placement import PlacementConfig
 from harness.servers import NoProxyConfig, ProxyConfig, TargetConfig
 from loadgen import UserGroupConfig
 from netem import BACKENDS
@@ -206,6 +207,7 @@ class Scenario(_Strict):
 
     netem: NetemConfig = NetemConfig()
     server_net: ServerNetConfig | None = None
+    placement: PlacementConfig = PlacementConfig()
 
     @model_validator(mode="after")
     def _known_network_profiles(self) -> Scenario:

@@ -42,11 +42,16 @@ class LaunchedTarget(Target):
     def processes(self) -> list[ServerProcess]:
         return [self.server]
 
+    def launch_env(self) -> dict[str, str]:
+        """Environment variables added to the server's: the configuration's ``env`` over
+        ``HF_HUB_OFFLINE=1`` (never reach out to a model hub: a model that is not on disk is an
+        error)."""
+        return {"HF_HUB_OFFLINE": "1", **getattr(self.config, "env", {})}
+
     def start(self, run_dir: Path) -> None:
         self.argv = self.build_argv()
         self.log_path = run_dir / self.log_name
-        # Never reach out to a model hub: a model that is not on disk is an error.
-        env = {"HF_HUB_OFFLINE": "1", **getattr(self.config, "env", {})}
+        env = self.launch_env()
         try:
             self.server.launch(
                 self.argv,

@@ -21,14 +21,17 @@ def start_process(
     env: dict[str, str] | None = None,
     cwd: Path | None = None,
     netns: str | None = None,
+    cpus: tuple[int, ...] | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start ``argv`` in a new session (so it has its own process group) with stdout and stderr
     appended to ``log_path``, inside network namespace ``netns`` if given (through
-    ``ip netns exec``, which then execs ``argv``: the pid is the program's). Raises ``OSError``
-    if the program cannot be started."""
+    ``ip netns exec``, which then execs ``argv``: the pid is the program's), on the CPUs
+    ``cpus`` if given (``sched_setaffinity(2)`` right after the start, long before a server
+    forks its workers, which inherit the set; no ``preexec_fn``, which is unsafe in a process
+    with threads). Raises ``OSError`` if the program cannot be started or pinned."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             exec_prefix(netns) + argv,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -37,6 +40,13 @@ def start_process(
             cwd=cwd,
             start_new_session=True,
         )
+    if cpus is not None:
+        try:
+            os.sched_setaffinity(proc.pid, cpus)
+        except OSError:
+            stop_process_group(proc, grace_s=1.0)
+            raise
+    return proc
 
 
 def stop_process_group(proc: subprocess.Popen[bytes], *, grace_s: float = 10.0) -> int | None:
@@ -82,6 +92,8 @@ class ServerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         # The network namespace to start in (set by the run when it has a topology).
         self.netns: str | None = None
+        # The CPUs to start on (set by the run's placement; None: the harness's own).
+        self.cpus: tuple[int, ...] | None = None
 
     def launch(
         self,
@@ -97,7 +109,9 @@ class ServerProcess:
         200. ``alive`` reports an early death (default: :meth:`failure`). Raises
         :class:`TargetError` if it cannot start, dies or stays unhealthy."""
         try:
-            self.proc = start_process(argv, log_path=log_path, env=env, netns=self.netns)
+            self.proc = start_process(
+                argv, log_path=log_path, env=env, netns=self.netns, cpus=self.cpus
+            )
         except OSError as exc:
             raise TargetError(f"cannot start {self.label} ({argv[0]}): {exc}") from None
         wait_healthy(url, timeout_s=timeout_s, alive=alive or self.failure)

@@ -10,6 +10,7 @@ from pydantic import Field
 
 from harness.servers._base import TARGETS, Target, TargetConfigBase
 from harness.servers._launched import LaunchedTarget
+from zwcore import format_cpu_list
 
 
 @TARGETS.register
@@ -48,6 +49,16 @@ class VllmTarget(LaunchedTarget):
     log_name: ClassVar[str] = "vllm.log"
     DEAD_MARKERS: ClassVar[tuple[str, ...]] = ("EngineDeadError", "EngineCore encountered a fatal")
     config: VllmTargetConfig
+
+    def launch_env(self) -> dict[str, str]:
+        """As for any launched target, plus, when the run placed the target on CPUs, vLLM's
+        CPU build told to bind its OpenMP threads there (``VLLM_CPU_OMP_THREADS_BIND``, read
+        in vllm/utils/ompmultiprocessing.py; its default ``auto`` binds by NUMA node and
+        would leave the set). A value in the configuration's ``env`` wins."""
+        env = super().launch_env()
+        if self.server.cpus is not None:
+            env.setdefault("VLLM_CPU_OMP_THREADS_BIND", format_cpu_list(self.server.cpus))
+        return env
 
     def build_argv(self) -> list[str]:
         model = self.config.model
