@@ -3,7 +3,7 @@ Locust process per group, or a master with workers), the live progress display, 
 comparisons, and the conclusion (analysis → gates → outputs) shared with ``zerowindow
 analyze``."""
 
-from harness.lifecycle._comparison_run import ComparisonResult, run_comparison
+from harness.lifecycle._comparison_run import ComparisonResult, run_comparison, run_configuration
 from harness.lifecycle._conclude import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -20,8 +20,9 @@ from harness.lifecycle._distributed import (
     parse_address,
     run_worker,
 )
+from harness.lifecycle._inputs import url_target
 from harness.lifecycle._progress import RunProgress
-from harness.lifecycle._run import run_configuration, run_scenario, url_target
+from harness.lifecycle._run import run_scenario
 from harness.lifecycle._signals import RunInterrupted
 
 __all__ = [

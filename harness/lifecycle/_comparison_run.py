@@ -34,19 +34,21 @@ from harness.lifecycle._conclude import (
     EXIT_OK,
     EXIT_SETUP,
     RunResult,
+    conclude,
 )
+from harness.lifecycle._inputs import url_target
 from harness.lifecycle._placement import (
     Placement,
     pinned_to_load,
     place_target,
     plan_placement,
 )
-from harness.lifecycle._run import run_configuration, url_target
+from harness.lifecycle._run import RunLifecycle
 from harness.lifecycle._runinfo import host_facts, versions
 from harness.lifecycle._signals import RunInterrupted, signals_raise
 from harness.outputs import write_comparison
 from harness.runfolder import COMPARISON_RUN_JSON, SCENARIO_TOML, new_run_dir, write_json
-from harness.scenario import Scenario, ScenarioError, needs_baseline
+from harness.scenario import NamedProxyConfig, Scenario, ScenarioError, needs_baseline
 from harness.servers import Target, make_target
 from loadgen import FullSpeed, RequestSpec, build_prompt, prompt_seed, stream_request
 from zwcore import TargetError
@@ -190,6 +192,31 @@ def run_comparison(
     )
     write_json(run_dir / COMPARISON_RUN_JSON, info)
     return result
+
+
+def run_configuration(
+    scenario: Scenario,
+    scenario_path: Path | None,
+    run_dir: Path,
+    target: Target,
+    proxy: NamedProxyConfig,
+    *,
+    placement: Placement | None = None,
+) -> RunResult:
+    """Run ``scenario``'s load through ``proxy`` against ``target``, which is already running
+    and is left running (one configuration of a comparison), and conclude it in ``run_dir``
+    (gated on its own figures: relative gates are refused for comparisons up front)."""
+    run = RunLifecycle(
+        scenario,
+        scenario_path,
+        run_dir,
+        target,
+        proxy=proxy,
+        manage_target=False,
+        placement=placement,
+    )
+    facts = run.execute()
+    return conclude(run_dir, facts, run.info, setup_failed=run.setup_failed)
 
 
 def _run_each(

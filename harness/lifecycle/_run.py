@@ -19,11 +19,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pandas as pd
-from pydantic import ValidationError
 
 from harness.analysis import RunFacts
 from harness.collectors import SOCKET_COLUMNS, MetricsScraper, ProxyProbe, SocketSampler
-from harness.gates import Baseline, baseline_path, load_baseline
 from harness.lifecycle._conclude import RunResult, conclude
 from harness.lifecycle._distributed import (
     EXPECT_WORKERS_MAX_WAIT_S,
@@ -31,6 +29,7 @@ from harness.lifecycle._distributed import (
     start_distributed_load,
     worker_reports,
 )
+from harness.lifecycle._inputs import baseline_for, url_target
 from harness.lifecycle._loadrun import LoadProcess, start_load
 from harness.lifecycle._netrun import RunNetwork, plan_network
 from harness.lifecycle._placement import Placement, pinned_to_load, place_target, plan_placement
@@ -54,9 +53,8 @@ from harness.scenario import (
     PlacementConfig,
     Scenario,
     ScenarioError,
-    needs_baseline,
 )
-from harness.servers import Target, UrlTargetConfig, make_proxy, make_target
+from harness.servers import Target, make_proxy, make_target
 from zwcore import NetworkError, TargetError
 
 # Scrapes in a row without an answer after which the target counts as dead.
@@ -317,54 +315,6 @@ class RunLifecycle:
         )
 
 
-def run_configuration(
-    scenario: Scenario,
-    scenario_path: Path | None,
-    run_dir: Path,
-    target: Target,
-    proxy: NamedProxyConfig,
-    *,
-    placement: Placement | None = None,
-) -> RunResult:
-    """Run ``scenario``'s load through ``proxy`` against ``target``, which is already running
-    and is left running (one configuration of a comparison), and conclude it in ``run_dir``
-    (gated on its own figures: relative gates are refused for comparisons up front)."""
-    run = RunLifecycle(
-        scenario,
-        scenario_path,
-        run_dir,
-        target,
-        proxy=proxy,
-        manage_target=False,
-        placement=placement,
-    )
-    facts = run.execute()
-    return conclude(run_dir, facts, run.info, setup_failed=run.setup_failed)
-
-
-def url_target(scenario: Scenario, url: str) -> UrlTargetConfig:
-    """The scenario's target replaced by the server at ``url``. Raises :class:`ScenarioError`
-    if ``url`` is not an http(s) URL."""
-    try:
-        return UrlTargetConfig(
-            kind="url", url=url, served_model_name=scenario.target.served_model_name
-        )
-    except ValidationError as exc:
-        reason = exc.errors()[0]["msg"].removeprefix("Value error, ")
-        raise ScenarioError(f"--target-url {url!r}: {reason}") from None
-
-
-def _baseline_for(
-    scenario: Scenario, path: Path | None, *, use: bool = True
-) -> tuple[Path, Baseline] | None:
-    """The baseline the scenario's gates need (``None`` if no gate refers to it, or not
-    ``use``)."""
-    if not use or not needs_baseline(scenario.gates):
-        return None
-    path = path or baseline_path(scenario.name)
-    return path, load_baseline(path)
-
-
 def run_scenario(
     scenario: Scenario,
     *,
@@ -404,7 +354,7 @@ def run_scenario(
             "--workers cannot be combined with network profiles, [server_net] or "
             "[netem] isolate yet: distributed load processes do not run in namespaces"
         )
-    base = _baseline_for(scenario, baseline, use=use_baseline)
+    base = baseline_for(scenario, baseline, use=use_baseline)
     run_dir = new_run_dir(out_root, scenario.name)
     if scenario_path is not None:
         shutil.copyfile(scenario_path, run_dir / SCENARIO_TOML)

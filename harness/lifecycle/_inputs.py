@@ -1,0 +1,35 @@
+"""What a run needs settled before anything starts: the target a ``--target-url`` stands for,
+and the baseline its relative gates compare with."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from harness.gates import Baseline, baseline_path, load_baseline
+from harness.scenario import Scenario, ScenarioError, needs_baseline
+from harness.servers import UrlTargetConfig
+
+
+def url_target(scenario: Scenario, url: str) -> UrlTargetConfig:
+    """The scenario's target replaced by the server at ``url``. Raises :class:`ScenarioError`
+    if ``url`` is not an http(s) URL."""
+    try:
+        return UrlTargetConfig(
+            kind="url", url=url, served_model_name=scenario.target.served_model_name
+        )
+    except ValidationError as exc:
+        reason = exc.errors()[0]["msg"].removeprefix("Value error, ")
+        raise ScenarioError(f"--target-url {url!r}: {reason}") from None
+
+
+def baseline_for(
+    scenario: Scenario, path: Path | None, *, use: bool = True
+) -> tuple[Path, Baseline] | None:
+    """The baseline the scenario's gates need (``None`` if no gate refers to it, or not
+    ``use``)."""
+    if not use or not needs_baseline(scenario.gates):
+        return None
+    path = path or baseline_path(scenario.name)
+    return path, load_baseline(path)
