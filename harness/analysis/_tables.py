@@ -147,8 +147,3 @@ def chunks_frame(records: list[RequestRecord]) -> pd.DataFrame:
             rows.append((r.request_id, r.group, i, c.t, c.tokens, c.bytes, (c.t - prev) * 1000.0))
             prev = c.t
     return pd.DataFrame(rows, columns=CHUNK_COLUMNS)
-
-
-def write_parquet(frame: pd.DataFrame, path: Path) -> None:
-    """Write ``frame`` as Parquet (pyarrow engine, no index)."""
-    frame.to_parquet(path, engine="pyarrow", index=False)

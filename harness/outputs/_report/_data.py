@@ -6,7 +6,6 @@ plots seconds since the first measurement (the first scrape, socket sample or re
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from harness.analysis import per_token_itl_s
+from harness.runfolder import GATES_JSON, RUN_JSON, SUMMARY_JSON, read_json, read_parquet
 from loadgen import RequestRecord, read_records
 from zwcore import RunFolderError
 
@@ -48,29 +48,6 @@ class RunData:
         return f"{self.summary.get('scenario', self.run_dir.parent.name)}/{self.run_dir.name}"
 
 
-def read_json(path: Path) -> dict[str, Any]:
-    """The JSON object in ``path``. Raises :class:`ReportError` naming the file if it is
-    missing, unreadable or not a JSON object."""
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ReportError(f"{path}: missing (is {path.parent} a run folder?)") from None
-    except (OSError, ValueError) as exc:
-        raise ReportError(f"{path}: cannot read: {exc}") from None
-    if not isinstance(data, dict):
-        raise ReportError(f"{path}: expected a JSON object")
-    return data
-
-
-def _read_table(path: Path) -> pd.DataFrame:
-    if not path.exists():
-        return pd.DataFrame()
-    try:
-        return pd.read_parquet(path)
-    except Exception as exc:  # pyarrow raises several types for a damaged file
-        raise ReportError(f"{path}: cannot read Parquet: {exc}") from None
-
-
 def _read_records(run_dir: Path) -> list[RequestRecord]:
     records: list[RequestRecord] = []
     for path in sorted(run_dir.glob("records-*.jsonl")):
@@ -87,10 +64,13 @@ def load_run(run_dir: Path, *, with_records: bool = True) -> RunData:
     ``summary.json``, or a file that cannot be parsed."""
     if not run_dir.is_dir():
         raise ReportError(f"{run_dir}: not a folder")
-    summary = read_json(run_dir / "summary.json")
-    info = read_json(run_dir / "run.json") if (run_dir / "run.json").exists() else {}
-    gates = read_json(run_dir / "gates.json") if (run_dir / "gates.json").exists() else {}
-    frames = {name: _read_table(run_dir / f"{name}.parquet") for name in TABLES}
+    try:
+        summary = read_json(run_dir / SUMMARY_JSON)
+        info = read_json(run_dir / RUN_JSON) if (run_dir / RUN_JSON).exists() else {}
+        gates = read_json(run_dir / GATES_JSON) if (run_dir / GATES_JSON).exists() else {}
+        frames = {name: read_parquet(run_dir / f"{name}.parquet") for name in TABLES}
+    except RunFolderError as exc:
+        raise ReportError(str(exc)) from None
     data = RunData(
         run_dir=run_dir,
         info=info,
