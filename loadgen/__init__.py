@@ -30,6 +30,7 @@ from ._reads import READS, FullSpeed, Paced, ReadBehaviour, ReadConfig
 from ._records import OUTCOMES, Chunk, RecordWriter, RequestRecord, read_records, ttft_ms
 from ._sockets import TCP_CLOSE, TCP_CLOSE_WAIT, peer_cut, tcp_state
 from ._sse import SSEDecoder, SSEEvent
+from ._tail import LineTail
 from ._workers import (
     WORKER_DIR_ENV,
     WORKER_FORWARD_ENV,
@@ -68,6 +69,7 @@ __all__ = [
     "FullSpeed",
     "GroupRunConfig",
     "HalfClose",
+    "LineTail",
     "OUTCOMES",
     "Paced",
     "READS",

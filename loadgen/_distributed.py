@@ -32,6 +32,7 @@ import gevent
 from locust.env import Environment
 from locust.runners import STATE_MISSING, MasterRunner, WorkerRunner
 
+from ._tail import LineTail
 from ._workers import FILE_KINDS, WorkerIdentity, group_file, valid_worker_name, workers_log
 
 HELLO = "zw_hello"
@@ -143,12 +144,12 @@ def announce_and_forward(
     if not worker.forward:
         return
     tails = {
-        kind: _Tail(group_file(worker.out_dir, kind, group, worker.name)) for kind in FILE_KINDS
+        kind: LineTail(group_file(worker.out_dir, kind, group, worker.name)) for kind in FILE_KINDS
     }
 
     def forward() -> None:
         for kind, tail in tails.items():
-            lines = tail.new_lines()
+            lines = tail.new_data().decode("utf-8", errors="replace").splitlines(keepends=True)
             if lines:
                 runner.send_message(LINES, {"kind": kind, "lines": lines})
 
@@ -160,25 +161,6 @@ def announce_and_forward(
     forwarder = gevent.spawn(loop)
     environment.events.report_to_master.add_listener(lambda **_kw: _guard(forward))
     environment.events.quitting.add_listener(lambda **_kw: forwarder.kill(block=False))
-
-
-class _Tail:
-    """New complete lines of a file that another part of this process appends to."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0
-
-    def new_lines(self) -> list[str]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except FileNotFoundError:
-            return []
-        end = data.rfind(b"\n") + 1
-        self.offset += end  # before sending: a yield while sending must not resend them
-        return data[:end].decode("utf-8", errors="replace").splitlines(keepends=True)
 
 
 def _guard(fn: Callable[[], None]) -> None:

@@ -27,31 +27,10 @@ from rich.live import Live
 from rich.table import Table
 
 from harness.runfolder import records_files
-from loadgen import ttft_ms
+from loadgen import LineTail, ttft_ms
 
 # Records are JSON objects whose scalar fields come before the (long) chunk list.
 _CHUNKS_KEY = ',"chunks":'
-
-
-@dataclass
-class _Tail:
-    """Reads the complete lines appended to a file since the last call."""
-
-    path: Path
-    offset: int = 0
-    partial: bytes = b""
-
-    def new_lines(self) -> list[bytes]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except FileNotFoundError:
-            return []
-        self.offset += len(data)
-        lines = (self.partial + data).split(b"\n")
-        self.partial = lines.pop()
-        return [line for line in lines if line.strip()]
 
 
 def _record_head(line: bytes) -> dict[str, Any] | None:
@@ -116,7 +95,7 @@ class RunProgress:
         self.poll_s = poll_s
         self._scenario = ""
         self._max_duration_s = 0.0
-        self._tails: dict[str, dict[Path, _Tail]] = {}
+        self._tails: dict[str, dict[Path, LineTail]] = {}
         self._groups: dict[str, _GroupState] = {}
         self._group_view: dict[str, tuple[int, float | None]] = {}
         self._t_start = time.monotonic()
@@ -191,9 +170,9 @@ class RunProgress:
         tails = self._tails[group]
         lines: list[bytes] = []
         for path in records_files(self._run_dir, group):
-            tail = tails.setdefault(path, _Tail(path))
+            tail = tails.setdefault(path, LineTail(path))
             try:
-                lines += tail.new_lines()
+                lines += [ln for ln in tail.new_data().split(b"\n") if ln.strip()]
             except OSError:
                 continue
         return lines
