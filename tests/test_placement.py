@@ -39,6 +39,8 @@ def test_plan_splits_sets_or_says_why_not():
     assert not one.applied and one.reason == "impossible: 1 usable CPU"
     off = plan_placement(PlacementConfig(enabled=False), available=(0, 1))
     assert not off.applied and "enabled = false" in off.reason
+    url = plan_placement(PlacementConfig(), available=(0, 1), target_started=False)
+    assert not url.applied and url.reason == "none: the run does not start the target"
     given = plan_placement(PlacementConfig(load_cpus="3"), available=(0, 1, 2, 3))
     assert (given.target_cpus, given.load_cpus) == ((0, 1, 2), (3,))
     assert given.describe() == {

@@ -149,8 +149,8 @@ def run_comparison(
     run_dir = new_run_dir(out_root, scenario.name)
     if scenario_path is not None:
         shutil.copyfile(scenario_path, run_dir / SCENARIO_TOML)
-    placement = plan_placement(scenario.placement)
     target = make_target(scenario.target)
+    placement = plan_placement(scenario.placement, target_started=bool(target.processes()))
     place_target(placement, target.processes())
     result = ComparisonResult(run_dir)
     info: dict[str, Any] = {

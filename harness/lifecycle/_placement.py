@@ -54,14 +54,21 @@ def usable_cpus() -> tuple[int, ...]:
 
 
 def plan_placement(
-    config: PlacementConfig, *, available: tuple[int, ...] | None = None
+    config: PlacementConfig,
+    *,
+    available: tuple[int, ...] | None = None,
+    target_started: bool = True,
 ) -> Placement:
     """Choose the CPU sets of a run from ``config`` among ``available`` (default: this
-    process's usable CPUs). Raises :class:`ScenarioError` when a set names a CPU that is not
-    usable or leaves the other set empty."""
+    process's usable CPUs). A target the run does not start (``target_started=False``: a
+    ``url`` target) has nothing to place, and the load keeps every CPU. Raises
+    :class:`ScenarioError` when a set names a CPU that is not usable or leaves the other set
+    empty."""
     cpus = available if available is not None else usable_cpus()
     if not config.enabled:
         return Placement(None, None, cpus, "off ([placement] enabled = false)")
+    if not target_started:
+        return Placement(None, None, cpus, "none: the run does not start the target")
     target, load = config.target_cpus, config.load_cpus
     for field, chosen in (("target_cpus", target), ("load_cpus", load)):
         if chosen and (outside := set(chosen) - set(cpus)):

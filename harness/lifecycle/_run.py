@@ -341,14 +341,17 @@ def run_scenario(
     gate failed, 2 could not start, 130 interrupted by SIGINT/SIGTERM). The gates are written
     to ``gates.json`` and ``junit.xml``. Raises :class:`ScenarioError` for an invalid
     ``target_url``, for ``distribution`` combined with network profiles, or for a target the
-    run cannot start inside its server namespace when the scenario needs one, and
-    :class:`~harness.gates._baseline.BaselineError` for a baseline that is needed but missing or
-    invalid, all before anything starts.
+    run cannot start inside its server namespace when the scenario needs one, or for a
+    ``[placement]`` naming CPUs that are not usable, and :class:`~harness.BaselineError` for a
+    baseline that is needed but missing or invalid, all before anything starts. The target's
+    processes and the load run on disjoint CPU sets when ``[placement]`` allows (run.json's
+    ``placement`` says what was done).
     """
     if target_url is not None:
         scenario = scenario.model_copy(update={"target": url_target(scenario, target_url)})
     scenario, network = plan_network(scenario)
-    placement = plan_placement(scenario.placement)
+    target = make_target(scenario.target)
+    placement = plan_placement(scenario.placement, target_started=bool(target.processes()))
     if network is not None and distribution is not None:
         raise ScenarioError(
             "--workers cannot be combined with network profiles, [server_net] or "
@@ -362,7 +365,7 @@ def run_scenario(
         scenario,
         scenario_path,
         run_dir,
-        make_target(scenario.target),
+        target,
         network=network,
         distribution=distribution,
         placement=placement,
