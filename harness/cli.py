@@ -147,18 +147,28 @@ def analyze(
     run_dir: Annotated[Path, typer.Argument(help="run folder (results/<scenario>/<stamp>)")],
     baseline: Annotated[
         Path | None,
-        typer.Option(help="baseline file for gates that refer to 'baseline' (default: none)"),
+        typer.Option(
+            help="baseline file for gates that refer to 'baseline' "
+            "(default: the baseline the run was gated against, kept in its gates.json)"
+        ),
     ] = None,
+    no_baseline: Annotated[
+        bool,
+        typer.Option("--no-baseline", help="report gates that refer to 'baseline' as skipped"),
+    ] = False,
 ) -> None:
     """Analyse RUN_DIR again: tables, summary.json, gates, junit.xml, run.json's end and the
     report, from what the run recorded (a run copied off another machine, or an analysis fix
-    applied to an old run). Without --baseline, relative gates are reported as skipped.
+    applied to an old run). Relative gates compare with the baseline the run used, unless
+    --baseline or --no-baseline says otherwise.
 
     Exit code as for `run`: 0 complete and every gate passed, 1 failed or a gate failed,
     2 not a run folder, 130 the run was interrupted."""
+    if baseline is not None and no_baseline:
+        fail("invalid arguments", "--baseline and --no-baseline exclude each other")
     with setup_errors(f"cannot analyse {run_dir}"):
         base = (baseline, load_baseline(baseline)) if baseline is not None else None
-        result = reanalyze(run_dir, baseline=base, skip_relative=base is None)
+        result = reanalyze(run_dir, baseline=base, use_baseline=not no_baseline)
     print_summary(result.summary, run_dir=str(result.run_dir))
     print_gates(result.gates, exit_code=result.exit_code)
     raise typer.Exit(result.exit_code)

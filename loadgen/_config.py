@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from zwcore import load_plugins
 
 from ._actions import ActionConfig, Stall, StopReading
 from ._reads import FullSpeed, ReadConfig
@@ -78,16 +80,26 @@ class GroupRunConfig(BaseModel):
     """The JSON file given to ``loadgen/locustfile.py`` with ``--zw-group-config``.
 
     ``{"group": <UserGroupConfig>, "host": "http://...", "model": "...",
-    "records_path": "...", "seed": 0}``
+    "records_path": "...", "seed": 0, "plugins": [...]}``; ``plugins`` (the scenario's, see
+    :func:`zwcore.load_plugins`) are imported before the group is validated, so that the kinds
+    they register are known in the Locust process too.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    plugins: list[str] = []
     group: UserGroupConfig
     host: str
     model: str
     records_path: Path
     seed: int = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _load_plugins(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            load_plugins(data.get("plugins") or [])
+        return data
 
     @classmethod
     def from_file(cls, path: str | Path) -> GroupRunConfig:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness import analyze, read_facts, reanalyze
+from harness import Baseline, analyze, read_facts, reanalyze
 from tests.conftest import REPO, run_cli
 
 BEFORE = REPO / "tests" / "data" / "sim-coupled-before-analyze"
@@ -72,3 +72,28 @@ def test_analyze_command(tmp_path):
     missing = run_cli("analyze", str(tmp_path / "nowhere"), timeout=120)
     assert missing.returncode == 2
     assert "run.json: missing" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_relative_gates_keep_the_baseline_the_run_used(tmp_path):
+    """A run gated against a baseline is gated against the same baseline when analysed again
+    (it travels in gates.json), even where the baseline file is gone; only --no-baseline
+    skips its relative gates."""
+    run_dir = _copy(tmp_path)
+    info = json.loads((run_dir / "run.json").read_text())
+    info["scenario"]["gates"] = ["fast.ttft_p99_ms <= 0.01 * baseline"]
+    (run_dir / "run.json").write_text(json.dumps(info))
+    figures = json.loads((BEFORE / "summary.json").read_text())["groups"][0]
+    path = tmp_path / "baseline.json"
+    base = Baseline(scenario="sim-coupled", figures={"fast.ttft_p99_ms": figures["ttft_p99_ms"]})
+    path.write_text(base.model_dump_json())
+    assert reanalyze(run_dir, baseline=(path, base)).exit_code == 1
+    path.unlink()
+    again = reanalyze(run_dir)
+    assert again.exit_code == 1 and again.baseline == path
+    assert not again.gates[0].passed and not again.gates[0].skipped
+    done = run_cli("analyze", str(run_dir), timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+    skipped = reanalyze(run_dir, use_baseline=False)
+    assert skipped.exit_code == 0 and skipped.gates[0].skipped
+    # a run that skipped them on purpose is analysed the same way
+    assert reanalyze(run_dir).gates[0].skipped

@@ -4,10 +4,13 @@ options are checked like any built-in kind's, and a run goes through it."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import tests.kind_tcp_relay  # noqa: F401 - registers the kind
-from harness import PROXIES, ScenarioError, parse_scenario, run_scenario
+from harness import PROXIES, ScenarioError, load_scenario, parse_scenario, reanalyze, run_scenario
+from tests.conftest import REPO, run_cli
 
 SCENARIO = """
 name = "relay"
@@ -47,3 +50,45 @@ def test_a_run_goes_through_the_new_kind(tmp_path):
     assert result.summary.groups[0].outcomes == {"complete": 4}
     assert result.summary.proxy is not None and result.summary.proxy.kind == "tcp-relay"
     assert (result.run_dir / "tcp-relay.log").exists()
+
+
+PLUGIN_SCENARIO = """
+plugins = ["{plugin}"]
+name = "bursty"
+max_duration_s = 60
+cooldown_s = 0.5
+
+[target]
+kind = "sim"
+
+[[groups]]
+name = "bursty"
+users = 2
+requests_per_user = 2
+prompt_tokens = 16
+max_tokens = 32
+read = {{ kind = "sip", bytes_per_read = 256, pause_s = 0.005 }}
+"""
+
+
+def test_a_read_behaviour_named_in_plugins_runs_from_the_command_line(tmp_path):
+    # the plugin is a file beside the scenario; the CLI and the Locust process import it
+    (tmp_path / "sip_read.py").write_text((REPO / "tests" / "kind_sip_read.py").read_text())
+    scenario = tmp_path / "bursty.toml"
+    scenario.write_text(PLUGIN_SCENARIO.format(plugin="sip_read.py"))
+    done = run_cli("run", str(scenario), "--out", str(tmp_path / "runs"), "--no-progress")
+    assert done.returncode == 0, done.stdout + done.stderr
+    (run_dir,) = (tmp_path / "runs" / "bursty").iterdir()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["groups"][0]["outcomes"] == {"complete": 4}
+    assert reanalyze(run_dir).exit_code == 0  # run.json's scenario names the plugin too
+
+
+def test_a_missing_plugin_is_reported_at_its_line(tmp_path):
+    scenario = tmp_path / "bursty.toml"
+    scenario.write_text(PLUGIN_SCENARIO.format(plugin="nowhere.py"))
+    with pytest.raises(ScenarioError, match=r"bursty.toml:2: field 'plugins': plugin .*nowhere.py"):
+        load_scenario(scenario)
+    scenario.write_text(PLUGIN_SCENARIO.format(plugin="no_such_module_zw"))
+    with pytest.raises(ScenarioError, match="no such module on sys.path"):
+        load_scenario(scenario)

@@ -1,5 +1,6 @@
 """The toolkit's foundation, shared by ``loadgen``, ``netem`` and ``harness``: the registry by
-``kind`` that every pluggable part uses, the one exception tree, and CPU lists."""
+``kind`` that every pluggable part uses, plugins that register kinds, the one exception tree,
+and CPU lists."""
 
 from zwcore._cpus import format_cpu_list, parse_cpu_list
 from zwcore._errors import (
@@ -11,6 +12,7 @@ from zwcore._errors import (
     TargetError,
     ZerowindowError,
 )
+from zwcore._plugins import load_plugins, resolve_plugins
 from zwcore._registry import Registry, UnknownKindError, kind_of, relocated_errors
 
 __all__ = [
@@ -25,6 +27,8 @@ __all__ = [
     "ZerowindowError",
     "format_cpu_list",
     "kind_of",
+    "load_plugins",
     "parse_cpu_list",
     "relocated_errors",
+    "resolve_plugins",
 ]

@@ -16,10 +16,17 @@ from pathlib import Path
 from typing import Any
 
 from harness.analysis import RunFacts, analyze, read_facts, write_analysis
-from harness.gates import Baseline, GateResult, evaluate_gates
+from harness.gates import (
+    Baseline,
+    BaselineError,
+    GateResult,
+    baseline_path,
+    evaluate_gates,
+    load_baseline,
+)
 from harness.outputs import report_or_warning, write_junit
 from harness.runfolder import GATES_JSON, RUN_JSON, RunSummary, figures, read_json, write_json
-from harness.scenario import Gate
+from harness.scenario import Gate, needs_baseline
 
 # Exit codes of `zerowindow run` and `zerowindow analyze` (docs/ci.md).
 EXIT_OK, EXIT_FAILED, EXIT_SETUP, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -90,6 +97,9 @@ def conclude(
         {
             "baseline": str(result.baseline) if result.baseline else None,
             "baseline_provenance": baseline[1].provenance if baseline else None,
+            # the baseline itself travels with the run folder, for `zerowindow analyze`
+            "baseline_content": baseline[1].model_dump(mode="json") if baseline else None,
+            "skipped_relative": skip_relative,
             "gates": [vars(g) for g in results],
         },
     )
@@ -117,16 +127,40 @@ def conclude(
 
 
 def reanalyze(
-    run_dir: Path, *, baseline: tuple[Path, Baseline] | None = None, skip_relative: bool = False
+    run_dir: Path, *, baseline: tuple[Path, Baseline] | None = None, use_baseline: bool = True
 ) -> RunResult:
     """``zerowindow analyze RUN_DIR``: :func:`conclude` again on a run folder written by an
     earlier run (on this machine or another), from what its ``run.json`` recorded. On an
-    unchanged folder it reproduces ``summary.json``. Raises :class:`~zwcore.RunFolderError`
-    for a folder that is not a run folder."""
+    unchanged folder it reproduces ``summary.json`` and the gates' verdicts.
+
+    Relative gates compare with ``baseline`` if given; else with the baseline the run was
+    gated against (kept in ``gates.json``; for older folders, the file it names); they are
+    skipped with ``use_baseline=False``, or when the run itself skipped them. Raises
+    :class:`~zwcore.RunFolderError` for a folder that is not a run folder and
+    :class:`~harness.BaselineError` for a baseline that is needed and cannot be loaded."""
     info = read_json(run_dir / RUN_JSON)
     facts = read_facts(run_dir)
     setup_failed = bool(info.get("setup_failed", info.get("exit_code") == EXIT_SETUP))
+    skip = not use_baseline
+    if use_baseline and baseline is None and needs_baseline(facts.scenario.gates):
+        baseline, skip = _recorded_baseline(run_dir, facts.scenario.name)
     return conclude(
-        run_dir, facts, info, setup_failed=setup_failed, baseline=baseline,
-        skip_relative=skip_relative,
-    )  # fmt: skip
+        run_dir, facts, info, setup_failed=setup_failed, baseline=baseline, skip_relative=skip
+    )
+
+
+def _recorded_baseline(run_dir: Path, scenario: str) -> tuple[tuple[Path, Baseline] | None, bool]:
+    """The baseline the run was gated against, and whether it skipped relative gates."""
+    if not (run_dir / GATES_JSON).exists():  # the run ended before its gates
+        default = baseline_path(scenario)
+        return (default, load_baseline(default)), False
+    gates = read_json(run_dir / GATES_JSON)
+    path = Path(gates["baseline"]) if gates.get("baseline") else None
+    if path is None:
+        return None, bool(gates.get("skipped_relative", True))
+    if content := gates.get("baseline_content"):
+        try:
+            return (path, Baseline.model_validate(content)), False
+        except ValueError as exc:
+            raise BaselineError(f"{run_dir / GATES_JSON}: baseline_content: {exc}") from None
+    return (path, load_baseline(path)), False

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from harness.lifecycle._loadrun import LoadProcess
+from harness.lifecycle._loadrun import LoadProcess, exit_detail
 from harness.runfolder import LoadWorker
 from harness.servers._process import start_process, stop_process_group
 from loadgen import (
@@ -160,6 +160,7 @@ def start_distributed_load(
     workers: int,
     remote_workers: int = 0,
     master_bind: tuple[str, int] = ("127.0.0.1", 0),
+    plugins: list[str] | None = None,
 ) -> DistributedLoad:
     """Write the group's locustfile and start its master and ``workers`` local workers.
 
@@ -181,6 +182,7 @@ def start_distributed_load(
         model=model,
         records_path=group_file(run_dir, "records", group.name, None),
         seed=seed,
+        plugins=plugins or [],
     )
     (run_dir / f"group-{group.name}.json").write_text(run.model_dump_json(indent=2))
     locustfile = run_dir / f"locustfile-{group.name}.py"
@@ -257,17 +259,6 @@ def _read_log(path: Path) -> list[dict[str, Any]]:
     return events
 
 
-def _exit_detail(code: int | None) -> str | None:
-    if code is None or code == 0:
-        return None
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
-
-
 def worker_reports(load: LoadProcess, run_dir: Path) -> list[LoadWorker]:
     """One :class:`LoadWorker` per worker of ``load`` (none for a single-process group), from
     the master's ``workers-<group>.jsonl`` and, for local workers, their exit codes."""
@@ -292,7 +283,7 @@ def worker_reports(load: LoadProcess, run_dir: Path) -> list[LoadWorker]:
     for name in sorted(set(hello) | set(local), key=_natural):
         info = hello.get(name, {})
         proc = local[name].proc if name in local else None
-        detail = _exit_detail(proc.poll()) if proc is not None else None
+        detail = exit_detail(proc.poll()) if proc is not None else None
         if detail is None:
             detail = lost.get(name)
         status: Literal["finished", "died", "never_joined"]

@@ -7,6 +7,7 @@ log and records file in the run folder; Locust's own summary statistics end the 
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -40,6 +41,31 @@ class LoadProcess:
         """What ``run.json`` keeps of this load process."""
         return {"group": self.group, "argv": self.argv}
 
+    def death(self, code: int | None) -> str | None:
+        """Why the process failed, given the exit ``code`` it ended with on its own (``None``:
+        still running when the run stopped it), or ``None`` if it did not: Locust exits 0 when
+        its users are done, failed requests included (``loadgen.exit_zero_on_request_failures``),
+        and non-zero only when it crashed or was killed."""
+        detail = exit_detail(code)
+        return (
+            None
+            if detail is None
+            else (f"load process of group {self.group} {detail} (see {self.log_path.name})")
+        )
+
+
+def exit_detail(code: int | None) -> str | None:
+    """A process's exit ``code`` in words (``was killed by SIGKILL``, ``exited with code 2``);
+    ``None`` for 0 or a process still running."""
+    if code is None or code == 0:
+        return None
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
 
 def start_load(
     group: UserGroupConfig,
@@ -49,10 +75,12 @@ def start_load(
     model: str,
     seed: int,
     max_duration_s: float,
+    plugins: list[str] | None = None,
     netns: str | None = None,
 ) -> LoadProcess:
     """Write the group's configuration and start its Locust process (inside network namespace
-    ``netns``, if given). Raises ``OSError`` if Locust cannot be started."""
+    ``netns``, if given; importing the scenario's ``plugins`` first). Raises ``OSError`` if
+    Locust cannot be started."""
     config_path = run_dir / f"group-{group.name}.json"
     rec_path = group_file(run_dir, "records", group.name, None)
     config_path.write_text(
@@ -63,6 +91,7 @@ def start_load(
                 "model": model,
                 "records_path": str(rec_path),
                 "seed": seed,
+                "plugins": plugins or [],
             },
             indent=2,
         )

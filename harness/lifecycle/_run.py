@@ -179,6 +179,7 @@ class RunLifecycle:
                 "model": self.target.served_model_name,
                 "seed": self.scenario.seed,
                 "max_duration_s": self.scenario.max_duration_s,
+                "plugins": list(self.scenario.plugins),
             }
             if self.distribution is None:
                 netns = self.network.group_netns(group.name) if self.network else None
@@ -268,6 +269,7 @@ class RunLifecycle:
             self._tick("writing results")
         except Exception:  # noqa: BLE001 - progress is best effort; a signal here is ignored
             pass
+        ended = [load.proc.poll() for load in self.loads]  # before the run stops them
         for load in self.loads:
             load.stop()
         for sampler in (self.scraper, self.sockets, self.probe):
@@ -295,6 +297,7 @@ class RunLifecycle:
             write_parquet(pd.DataFrame(self.probe.rows), self.run_dir / PROXY)
         self.workers = [w for ld in self.loads for w in worker_reports(ld, self.run_dir)]
         died = [w.message for w in self.workers if w.status != "finished"]
+        died += [m for ld, code in zip(self.loads, ended, strict=True) if (m := ld.death(code))]
         if died and self.status == "complete":
             self.status, self.failure = "failed", "; ".join(died)
         self.duration_s = time.monotonic() - self.t_start
@@ -312,6 +315,7 @@ class RunLifecycle:
             missing_metrics=self.scraper.missing() if self.scraper else [],
             stalled_flows=self.network.stalled if self.network and self.network.captures else None,
             load_workers=self.workers,
+            placement=self.placement.describe(),
         )
 
 

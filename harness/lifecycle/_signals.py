@@ -1,5 +1,7 @@
-"""SIGINT and SIGTERM during a run: the first one unwinds the run into its clean-up, later
-ones are ignored so that the clean-up finishes."""
+"""SIGINT, SIGTERM and SIGHUP during a run: the first one unwinds the run into its clean-up,
+later ones are ignored so that the clean-up finishes. SIGHUP (the terminal closed) counts too:
+the run's servers and load processes run in sessions of their own, which a hang-up does not
+reach, so the run must stop them itself."""
 
 from __future__ import annotations
 
@@ -9,15 +11,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
 
 class RunInterrupted(Exception):
-    """SIGINT or SIGTERM arrived during a run."""
+    """SIGINT, SIGTERM or SIGHUP arrived during a run."""
 
 
 @contextmanager
 def signals_raise() -> Iterator[list[str]]:
-    """Turn the first SIGINT/SIGTERM into :class:`RunInterrupted`; ignore later ones so that
-    clean-up finishes. Yields a list that receives the signal names."""
+    """Turn the first SIGINT/SIGTERM/SIGHUP into :class:`RunInterrupted`; ignore later ones so
+    that clean-up finishes. Yields a list that receives the signal names."""
     received: list[str] = []
     owner = os.getpid()
 
@@ -30,7 +34,7 @@ def signals_raise() -> Iterator[list[str]]:
         if len(received) == 1:
             raise RunInterrupted(received[0])
 
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, handler) for s in SIGNALS}
     try:
         yield received
     finally:

@@ -11,7 +11,7 @@ Names (units in the name, as in ``summary.json``):
   (``proxy.rss_peak_bytes`` ...) when the run had a proxy summary;
 - run-level figures: ``duration_s``, ``client_saturated`` (1 or 0), and the KV-held verdict's
   ``kv_held_after_finish_s``, ``kv_held_peak_perc``, ``kv_seconds``,
-  ``undelivered_peak_bytes``.
+  ``undelivered_peak_bytes`` (``None`` when no ``/metrics`` scrape succeeded).
 
 A figure that was not measured (for example ITL of a group that got no tokens) is ``None``.
 New numeric fields of the summary models become figures without changes here.
@@ -68,8 +68,10 @@ def figures(summary: RunSummary) -> dict[str, float | None]:
         "client_saturated": 1.0 if summary.client_saturation.saturated else 0.0,
     }
     kv = summary.verdicts.get("kv_held_by_undelivered_streams", {})
+    # Without one successful scrape the KV figures were not measured (not 0): their gates fail.
+    measured = summary.server.scrapes - summary.server.failed_scrapes > 0
     for name, key in _KV_VERDICT.items():
-        out[name] = _float(kv.get(key))
+        out[name] = _float(kv.get(key)) if measured else None
     for f in numeric_fields(ServerSummary):
         out[f"server.{f}"] = _float(getattr(summary.server, f))
     for f in numeric_fields(ProxySummary):

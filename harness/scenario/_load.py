@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from harness.scenario._models import Scenario
-from zwcore import ScenarioError, relocated_errors
+from zwcore import ScenarioError, load_plugins, relocated_errors, resolve_plugins
 
 
 def _find_line(lines: list[str], loc: tuple[int | str, ...]) -> int | None:
@@ -110,10 +110,27 @@ def parse_scenario(
         raise ScenarioError(f"{path}: not valid TOML: {exc}") from None
     if overrides:
         data = _merge(data, overrides)
+    _load_plugins(data, path=path, text=text)
     try:
         return Scenario.model_validate(data)
     except ValidationError as exc:
         raise ScenarioError(_format_errors(path, text, exc)) from None
+
+
+def _load_plugins(data: dict[str, Any], *, path: Path, text: str) -> None:
+    """Import the scenario's ``plugins`` (file paths resolved against its folder, in
+    ``data``), so that the kinds they register validate. Raises :class:`ScenarioError` at the
+    ``plugins`` line."""
+    plugins = data.get("plugins", [])
+    line = _find_line(text.splitlines(), ("plugins",))
+    where = f"{path}:{line}" if line else str(path)
+    if not isinstance(plugins, list) or not all(isinstance(p, str) for p in plugins):
+        raise ScenarioError(f"{where}: field 'plugins': a list of module names or .py files")
+    data["plugins"] = resolve_plugins(plugins, path.parent)
+    try:
+        load_plugins(data["plugins"])
+    except ScenarioError as exc:
+        raise ScenarioError(f"{where}: field 'plugins': {exc}") from None
 
 
 def load_scenario(path: str | Path, *, overrides: Mapping[str, Any] | None = None) -> Scenario:

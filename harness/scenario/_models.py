@@ -28,6 +28,7 @@ from harness.scenario._placement import PlacementConfig
 from harness.servers import NoProxyConfig, ProxyConfig, TargetConfig
 from loadgen import UserGroupConfig
 from netem import BACKENDS
+from zwcore import load_plugins
 
 
 class _Strict(BaseModel):
@@ -164,8 +165,11 @@ class Scenario(_Strict):
     ``proxies`` instead lists several proxy configurations: the same workload then runs through
     each in turn against one target (see ``harness.lifecycle._comparison_run``).
     ``max_duration_s`` bounds the load phase; ``cooldown_s`` is how long the collectors keep
-    sampling after the last load process ended."""
+    sampling after the last load process ended. ``plugins`` are modules or ``.py`` files that
+    register kinds of their own (:func:`zwcore.load_plugins`), imported before the rest is
+    validated."""
 
+    plugins: list[str] = []
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     description: str = ""
     seed: int = 0
@@ -208,6 +212,15 @@ class Scenario(_Strict):
     netem: NetemConfig = NetemConfig()
     server_net: ServerNetConfig | None = None
     placement: PlacementConfig = PlacementConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _load_plugins(cls, data: Any) -> Any:
+        # Already imported by parse_scenario (with the file's location on error); this loads
+        # them where a scenario is validated from elsewhere (run.json, the Python API).
+        if isinstance(data, dict) and isinstance(plugins := data.get("plugins"), list):
+            load_plugins([p for p in plugins if isinstance(p, str)])
+        return data
 
     @model_validator(mode="after")
     def _known_network_profiles(self) -> Scenario:

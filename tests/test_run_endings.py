@@ -1,0 +1,107 @@
+"""How a run ends when something else ends it: a load process that dies is a failed run (exit
+1, the group and the signal named), not a complete run with a group that silently measured
+nothing; a hang-up (SIGHUP, the terminal closed) stops the run like Ctrl-C and leaves no
+process behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+SCENARIO = """
+name = "load-death"
+max_duration_s = 60
+cooldown_s = 0.5
+
+[target]
+kind = "sim"
+
+[[groups]]
+name = "steady"
+users = 2
+requests_per_user = 3
+prompt_tokens = 16
+max_tokens = 64
+
+[[groups]]
+name = "doomed"
+users = 2
+requests_per_user = 1
+prompt_tokens = 16
+max_tokens = 64
+action = { kind = "stall", after_tokens = 4, stall_s = 30 }
+"""
+
+
+def _locust_of(run_root: str, group: str = "doomed") -> psutil.Process | None:
+    return next(iter(_processes_of(run_root, f"group-{group}.json")), None)
+
+
+def _processes_of(run_root: str, also: str = "") -> list[psutil.Process]:
+    """Processes whose command line names a file under ``run_root`` (and ``also``)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        text = " ".join(proc.info["cmdline"] or [])
+        if run_root in text and also in text and proc.pid != os.getpid():
+            found.append(proc)
+    return found
+
+
+def _start(tmp_path: Path) -> tuple[subprocess.Popen[str], Path, psutil.Process]:
+    """``zerowindow run`` of SCENARIO, once group doomed's Locust process streams."""
+    scenario = tmp_path / "load-death.toml"
+    scenario.write_text(SCENARIO)
+    out = tmp_path / "runs"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "harness", "run", str(scenario), "--out", str(out), "--no-progress"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    victim = None
+    while victim is None and time.monotonic() < deadline and run.poll() is None:
+        victim = _locust_of(str(out / "load-death"))
+        time.sleep(0.2)
+    if victim is None:
+        run.kill()
+        raise AssertionError(f"the Locust process never appeared: {run.communicate()[0]}")
+    time.sleep(2)  # its users are streaming, then stalled
+    return run, out, victim
+
+
+def test_a_killed_load_process_fails_the_run(tmp_path: Path):
+    run, out, victim = _start(tmp_path)
+    try:
+        victim.send_signal(signal.SIGKILL)
+        output, _ = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 1, output
+    (run_dir,) = out.glob("load-death/*")
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["status"] == "failed"
+    assert "load process of group doomed was killed by SIGKILL" in info["failure"]
+    assert "(see locust-doomed.log)" in info["failure"]
+
+
+def test_a_hang_up_stops_the_run_and_everything_it_started(tmp_path: Path):
+    run, out, _ = _start(tmp_path)
+    children = psutil.Process(run.pid).children(recursive=True)
+    try:
+        run.send_signal(signal.SIGHUP)
+        output, _ = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 130, output
+    (run_dir,) = out.glob("load-death/*")
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["status"] == "interrupted" and "SIGHUP" in info["failure"]
+    assert children and not [c for c in children if c.is_running() and c.status() != "zombie"]
