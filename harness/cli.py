@@ -225,11 +225,10 @@ def compare(
 
     from harness.outputs._compare import FORMATS, compare_runs, html_page, render, rich_table
 
-    if len(run_dirs) < 2 or fmt not in FORMATS:
-        fail(
-            "invalid arguments",
-            "compare needs two or more run folders and --format " + "|".join(FORMATS),
-        )
+    if len(run_dirs) < 2:
+        fail("invalid arguments", f"compare needs two or more run folders, got {len(run_dirs)}")
+    if fmt not in FORMATS:
+        fail("invalid arguments", f"--format {fmt!r}: one of " + ", ".join(FORMATS))
     with setup_errors("cannot compare", also=(ValueError,)):
         comparison = compare_runs(run_dirs, only or ())
         if html is not None:

@@ -18,7 +18,8 @@ from harness.cli import app
         (["baseline", "save", "{tmp}/nothing"], "cannot save the baseline"),
         (["report", "{tmp}/nothing"], "cannot write the report"),
         (["compare", "{tmp}/a", "{tmp}/b"], "cannot compare"),
-        (["compare", "{tmp}/a"], "two or more run folders"),
+        (["compare", "{tmp}/a"], "two or more run folders, got 1"),
+        (["compare", "{tmp}/a", "{tmp}/b", "--format", "yaml"], "--format 'yaml': one of"),
         (["model", "tiny", "/proc/zw-cannot-write"], "cannot write the tiny model"),
     ],
 )
