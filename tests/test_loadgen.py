@@ -287,19 +287,22 @@ def test_chat_endpoint(serve: Any) -> None:
 
 
 def test_paced_reader_is_slower_and_backs_up_the_server(serve: Any) -> None:
-    server = serve(pad_bytes=150, sndbuf_bytes=1024)  # ~9 KB in all; Send-Q ~4.6 KB
-    fast = stream_request(spec(server, max_tokens=30))
-    paced = Paced(bytes_per_read=64, interval_s=0.05)
-    slow = stream_request(spec(server, max_tokens=30, read=paced, rcvbuf_bytes=4096))
+    # ~18.6 KB in all: more than the client's receive buffer (4 KiB asked, 8 KiB granted) and
+    # the server's Send-Q (~4 KB) hold together, however the kernel packs loopback segments, so
+    # the server's writes must block. (With half of it, 9.3 KB, they sometimes fit.)
+    server = serve(pad_bytes=150, sndbuf_bytes=1024)
+    fast = stream_request(spec(server, max_tokens=60))
+    paced = Paced(bytes_per_read=128, interval_s=0.05)
+    slow = stream_request(spec(server, max_tokens=60, read=paced, rcvbuf_bytes=4096))
     assert fast.outcome == slow.outcome == "complete"
-    assert slow.completion_tokens == 30
+    assert slow.completion_tokens == 60
     fast_s = fast.t_end - fast.t_send  # type: ignore[operator]
     slow_s = slow.t_end - slow.t_send  # type: ignore[operator]
-    # ~9 KB at 64 B per 50 ms is ~7 s; allow generous slack either way.
+    # ~18.6 KB at 128 B per 50 ms is ~7 s; allow generous slack either way.
     assert slow_s > 4.0, (fast_s, slow_s)
     assert fast_s < min(2.0, slow_s / 3), (fast_s, slow_s)
     # The pace holds at the socket: never more than bytes_per_read per recv.
-    min_reads = slow.bytes_received / 64
+    min_reads = slow.bytes_received / 128
     assert slow_s >= (min_reads - 1) * 0.05 * 0.9
     fast_conn, slow_conn = server.conn_for(fast), server.conn_for(slow)
     assert slow_conn.max_outq_bytes > 2000, slow_conn  # data waited in the server's Send-Q
