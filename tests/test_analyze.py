@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness import Baseline, analyze, read_facts, reanalyze
+from harness.lifecycle._conclude import conclude
 from tests.conftest import REPO, run_cli
 
 BEFORE = REPO / "tests" / "data" / "sim-coupled-before-analyze"
@@ -76,8 +77,8 @@ def test_analyze_command(tmp_path):
 
 def test_relative_gates_keep_the_baseline_the_run_used(tmp_path):
     """A run gated against a baseline is gated against the same baseline when analysed again
-    (it travels in gates.json), even where the baseline file is gone; only --no-baseline
-    skips its relative gates."""
+    (its copy baseline.json travels with the folder), even where the baseline file is gone;
+    --no-baseline skips its relative gates for that analysis only."""
     run_dir = _copy(tmp_path)
     info = json.loads((run_dir / "run.json").read_text())
     info["scenario"]["gates"] = ["fast.ttft_p99_ms <= 0.01 * baseline"]
@@ -86,14 +87,20 @@ def test_relative_gates_keep_the_baseline_the_run_used(tmp_path):
     path = tmp_path / "baseline.json"
     base = Baseline(scenario="sim-coupled", figures={"fast.ttft_p99_ms": figures["ttft_p99_ms"]})
     path.write_text(base.model_dump_json())
-    assert reanalyze(run_dir, baseline=(path, base)).exit_code == 1
+    pristine = tmp_path / "pristine"
+    shutil.copytree(run_dir, pristine)
+    # as `zerowindow run` concludes: gated against the file, which is copied into the folder
+    assert conclude(run_dir, read_facts(run_dir), info, setup_failed=False,
+                    baseline=(path, base)).exit_code == 1  # fmt: skip
     path.unlink()
     again = reanalyze(run_dir)
-    assert again.exit_code == 1 and again.baseline == path
+    assert again.exit_code == 1 and again.baseline == run_dir / "baseline.json"
     assert not again.gates[0].passed and not again.gates[0].skipped
     done = run_cli("analyze", str(run_dir), timeout=300)
     assert done.returncode == 1, done.stdout + done.stderr
     skipped = reanalyze(run_dir, use_baseline=False)
     assert skipped.exit_code == 0 and skipped.gates[0].skipped
-    # a run that skipped them on purpose is analysed the same way
-    assert reanalyze(run_dir).gates[0].skipped
+    assert reanalyze(run_dir).exit_code == 1  # the copy is still there
+    # a run that skipped them on purpose (`run --no-baseline`) is analysed the same way
+    conclude(pristine, read_facts(pristine), info, setup_failed=False, skip_relative=True)
+    assert reanalyze(pristine).gates[0].skipped

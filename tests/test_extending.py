@@ -92,3 +92,22 @@ def test_a_missing_plugin_is_reported_at_its_line(tmp_path):
     scenario.write_text(PLUGIN_SCENARIO.format(plugin="no_such_module_zw"))
     with pytest.raises(ScenarioError, match="no such module on sys.path"):
         load_scenario(scenario)
+    (tmp_path / "exits.py").write_text("import sys\nsys.exit(3)\n")
+    scenario.write_text(PLUGIN_SCENARIO.format(plugin="exits.py"))
+    with pytest.raises(ScenarioError, match="exits.py' failed to import: SystemExit: 3"):
+        load_scenario(scenario)
+
+
+def test_a_file_plugin_imports_the_modules_beside_it(tmp_path):
+    (tmp_path / "kinds").mkdir()
+    (tmp_path / "kinds" / "zw_sip_helper.py").write_text("PAUSE_S = 0.005\n")
+    plugin = (REPO / "tests" / "kind_sip_read.py").read_text()
+    (tmp_path / "kinds" / "sip2.py").write_text(
+        plugin.replace('"sip"', '"sip2"').replace("class SipRead", "class SipRead2")
+        + "\nfrom zw_sip_helper import PAUSE_S  # noqa: E402, F401\n"
+    )
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(
+        PLUGIN_SCENARIO.format(plugin="kinds/sip2.py").replace('kind = "sip"', 'kind = "sip2"')
+    )
+    assert load_scenario(scenario).groups[0].read.kind == "sip2"

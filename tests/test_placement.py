@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
 import time
 
 import pytest
@@ -30,6 +31,8 @@ def test_cpu_lists_read_and_write_the_kernel_format():
     for bad in ("", "a", "3-1", "-1", "1-"):
         with pytest.raises(ValueError):
             parse_cpu_list(bad)
+    with pytest.raises(ValueError, match="CPU numbers go up to 8191"):
+        parse_cpu_list("0-9999999999")  # refused before a set of that size is built
 
 
 def test_plan_splits_sets_or_says_why_not():
@@ -62,6 +65,8 @@ def test_bad_placement_is_located_in_the_scenario(tmp_path):
         parse_scenario(text, path=tmp_path / "p.toml")
     with pytest.raises(ValidationError, match="need enabled = true"):
         PlacementConfig(enabled=False, target_cpus="0")
+    with pytest.raises(ValidationError, match="enabled"):
+        PlacementConfig(enabled="no")  # type: ignore[arg-type]
 
 
 @two_cpus
@@ -88,14 +93,20 @@ def test_a_server_and_what_it_forks_run_on_its_set(tmp_path):
 def test_the_harness_starts_the_load_on_the_load_set_and_gets_its_set_back():
     before = os.sched_getaffinity(0)
     placement = plan_placement(PlacementConfig(), available=CPUS)
+    idle = threading.Event()
+    earlier = threading.Thread(target=idle.wait, daemon=True)  # a thread started before the run
+    earlier.start()
     with pinned_to_load(placement):
         assert os.sched_getaffinity(0) == set(placement.load_cpus or ())
+        assert os.sched_getaffinity(earlier.native_id) == set(placement.load_cpus or ())
         child = subprocess.run(
             ["python3", "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
             capture_output=True, text=True, check=True,
         )  # fmt: skip
     assert json.loads(child.stdout) == list(placement.load_cpus or ())
     assert os.sched_getaffinity(0) == before
+    assert os.sched_getaffinity(earlier.native_id) == before
+    idle.set()
 
 
 def test_a_saturated_client_without_placement_is_told_why(tmp_path):

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+# The kernel's largest CONFIG_NR_CPUS is 8192: CPU numbers run from 0 to 8191.
+MAX_CPU = 8191
+
 
 def parse_cpu_list(text: str) -> tuple[int, ...]:
     """The CPUs of a list such as ``"0,2,4-7"`` (cpuset(7), "List format"), sorted and without
@@ -19,6 +22,8 @@ def parse_cpu_list(text: str) -> tuple[int, ...]:
             raise ValueError(f"{item.strip()!r} is not a CPU number or range (e.g. 0-3)") from None
         if lo < 0 or hi < lo:
             raise ValueError(f"{item.strip()!r} is not a CPU range (e.g. 0-3)")
+        if hi > MAX_CPU:
+            raise ValueError(f"{item.strip()!r}: CPU numbers go up to {MAX_CPU}")
         cpus.update(range(lo, hi + 1))
     return tuple(sorted(cpus))
 

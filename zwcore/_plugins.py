@@ -2,7 +2,8 @@
 
 A scenario names them in ``plugins``: a module name (``"mycompany.zw_kinds"``, found on
 ``sys.path``) or the path of a Python file (``"kinds/burst.py"``, relative to the scenario's
-folder). Each is imported once per process, before the scenario is validated, in the harness
+folder; its own folder is appended to ``sys.path``, so it can import the modules beside it).
+Each is imported once per process, before the scenario is validated, in the harness
 and in every Locust process the run starts, so a kind registered there (a read behaviour, an
 action, a target, a proxy, a shaping backend) is known wherever the scenario is read.
 """
@@ -40,7 +41,7 @@ def load_plugins(specs: Iterable[str]) -> list[ModuleType]:
             modules.append(_load_file(Path(spec)) if is_file_plugin(spec) else _load_module(spec))
         except ScenarioError:
             raise
-        except Exception as exc:  # a plugin is user code: any error it raises is reported
+        except (Exception, SystemExit) as exc:  # user code: whatever it raises is reported
             raise ScenarioError(
                 f"plugin {spec!r} failed to import: {type(exc).__name__}: {exc}"
             ) from None
@@ -65,6 +66,8 @@ def _load_file(path: Path) -> ModuleType:
         return sys.modules[name]
     if not path.is_file():
         raise ScenarioError(f"plugin {str(path)!r}: no such file")
+    if str(path.parent) not in sys.path:  # so that it can import the modules beside it
+        sys.path.append(str(path.parent))
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise ScenarioError(f"plugin {str(path)!r}: cannot be imported")

@@ -18,14 +18,21 @@ from typing import Any
 from harness.analysis import RunFacts, analyze, read_facts, write_analysis
 from harness.gates import (
     Baseline,
-    BaselineError,
     GateResult,
     baseline_path,
     evaluate_gates,
     load_baseline,
 )
 from harness.outputs import report_or_warning, write_junit
-from harness.runfolder import GATES_JSON, RUN_JSON, RunSummary, figures, read_json, write_json
+from harness.runfolder import (
+    BASELINE_JSON,
+    GATES_JSON,
+    RUN_JSON,
+    RunSummary,
+    figures,
+    read_json,
+    write_json,
+)
 from harness.scenario import Gate, needs_baseline
 
 # Exit codes of `zerowindow run` and `zerowindow analyze` (docs/ci.md).
@@ -74,9 +81,12 @@ def conclude(
     baseline: tuple[Path, Baseline] | None = None,
     skip_relative: bool = False,
     report: bool = True,
+    keep_baseline: bool = True,
 ) -> RunResult:
     """Analyse ``run_dir``, gate it (against ``baseline``, if given; ``skip_relative``: see
-    :func:`~harness.gates.evaluate_gates`) and write the results (module docstring). ``info``
+    :func:`~harness.gates.evaluate_gates`) and write the results (module docstring);
+    ``keep_baseline`` also copies the baseline into the run folder (``baseline.json``: the
+    baseline the run was gated against, for ``zerowindow analyze``). ``info``
     is ``run.json`` as the run began it; the end of the run is added to it. A report that
     cannot be written is a warning on stderr and changes nothing else."""
     analysis = analyze(run_dir, facts)
@@ -97,12 +107,12 @@ def conclude(
         {
             "baseline": str(result.baseline) if result.baseline else None,
             "baseline_provenance": baseline[1].provenance if baseline else None,
-            # the baseline itself travels with the run folder, for `zerowindow analyze`
-            "baseline_content": baseline[1].model_dump(mode="json") if baseline else None,
             "skipped_relative": skip_relative,
             "gates": [vars(g) for g in results],
         },
     )
+    if keep_baseline and baseline is not None:
+        write_json(run_dir / BASELINE_JSON, baseline[1].model_dump(mode="json"))
     write_junit(run_dir / "junit.xml", summary, results, run_dir=run_dir, baseline=result.baseline)
     info.update(
         facts.as_dict(),
@@ -134,8 +144,9 @@ def reanalyze(
     unchanged folder it reproduces ``summary.json`` and the gates' verdicts.
 
     Relative gates compare with ``baseline`` if given; else with the baseline the run was
-    gated against (kept in ``gates.json``; for older folders, the file it names); they are
-    skipped with ``use_baseline=False``, or when the run itself skipped them. Raises
+    gated against (its copy ``baseline.json``; for older folders, the file ``gates.json``
+    names); they are skipped with ``use_baseline=False``, or when the run itself skipped them.
+    None of these choices changes ``baseline.json``. Raises
     :class:`~zwcore.RunFolderError` for a folder that is not a run folder and
     :class:`~harness.BaselineError` for a baseline that is needed and cannot be loaded."""
     info = read_json(run_dir / RUN_JSON)
@@ -145,12 +156,15 @@ def reanalyze(
     if use_baseline and baseline is None and needs_baseline(facts.scenario.gates):
         baseline, skip = _recorded_baseline(run_dir, facts.scenario.name)
     return conclude(
-        run_dir, facts, info, setup_failed=setup_failed, baseline=baseline, skip_relative=skip
-    )
+        run_dir, facts, info, setup_failed=setup_failed, baseline=baseline, skip_relative=skip,
+        keep_baseline=False,
+    )  # fmt: skip
 
 
 def _recorded_baseline(run_dir: Path, scenario: str) -> tuple[tuple[Path, Baseline] | None, bool]:
     """The baseline the run was gated against, and whether it skipped relative gates."""
+    if (copy := run_dir / BASELINE_JSON).exists():
+        return (copy, load_baseline(copy)), False
     if not (run_dir / GATES_JSON).exists():  # the run ended before its gates
         default = baseline_path(scenario)
         return (default, load_baseline(default)), False
@@ -158,9 +172,4 @@ def _recorded_baseline(run_dir: Path, scenario: str) -> tuple[tuple[Path, Baseli
     path = Path(gates["baseline"]) if gates.get("baseline") else None
     if path is None:
         return None, bool(gates.get("skipped_relative", True))
-    if content := gates.get("baseline_content"):
-        try:
-            return (path, Baseline.model_validate(content)), False
-        except ValueError as exc:
-            raise BaselineError(f"{run_dir / GATES_JSON}: baseline_content: {exc}") from None
     return (path, load_baseline(path)), False

@@ -12,7 +12,7 @@ set through ``VLLM_CPU_OMP_THREADS_BIND`` (``harness.servers._vllm``).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -99,14 +99,37 @@ def place_target(placement: Placement, processes: list[ServerProcess]) -> None:
 
 @contextmanager
 def pinned_to_load(placement: Placement) -> Iterator[None]:
-    """Run the block with this thread on the load set, so that what it starts inherits the
-    set; the thread's previous set is restored afterwards."""
+    """Run the block with every thread of this process on the load set (threads started in
+    the block inherit it from their creator, and so do the processes it starts); each thread's
+    previous set is restored afterwards."""
     if placement.load_cpus is None:
         yield
         return
-    before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, placement.load_cpus)
+    before = {tid: _affinity(tid) for tid in _threads()}
+    for tid in before:
+        _set_affinity(tid, placement.load_cpus)
     try:
         yield
     finally:
-        os.sched_setaffinity(0, before)
+        for tid, cpus in before.items():
+            if cpus is not None:
+                _set_affinity(tid, cpus)
+
+
+def _threads() -> list[int]:
+    """This process's thread ids (``/proc/self/task``, proc(5))."""
+    return [int(t) for t in os.listdir("/proc/self/task")]
+
+
+def _affinity(tid: int) -> set[int] | None:
+    try:
+        return os.sched_getaffinity(tid)
+    except OSError:  # the thread ended
+        return None
+
+
+def _set_affinity(tid: int, cpus: Iterable[int]) -> None:
+    try:
+        os.sched_setaffinity(tid, cpus)
+    except OSError:  # the thread ended meanwhile
+        pass

@@ -3,6 +3,7 @@ names derived from it, and reading and writing its JSON and Parquet files."""
 
 from harness.runfolder._figures import RUN_FIGURES, figure_names, figures, numeric_fields
 from harness.runfolder._files import (
+    BASELINE_JSON,
     CHUNKS,
     COMPARISON_JSON,
     COMPARISON_MD,
@@ -40,6 +41,7 @@ __all__ = [
     "COMPARISON_MD",
     "COMPARISON_RUN_JSON",
     "ERROR_LOG",
+    "BASELINE_JSON",
     "GATES_JSON",
     "JUNIT_XML",
     "PROXY",

@@ -15,6 +15,7 @@ from loadgen import group_files
 RUN_JSON = "run.json"
 SUMMARY_JSON = "summary.json"
 GATES_JSON = "gates.json"
+BASELINE_JSON = "baseline.json"  # a copy of the baseline the run was gated against
 JUNIT_XML = "junit.xml"
 REPORT_HTML = "report.html"
 SCENARIO_TOML = "scenario.toml"

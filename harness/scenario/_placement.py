@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, StrictBool, model_validator
 
 from zwcore import format_cpu_list, parse_cpu_list
 
@@ -40,7 +40,7 @@ class PlacementConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    enabled: bool = True
+    enabled: StrictBool = True
     target_cpus: CpuList | None = None
     load_cpus: CpuList | None = None
 
