@@ -1,7 +1,7 @@
 """CPU placement of a run: the target on one CPU set, the load, the harness and the proxies on
 another (``[placement]``, :class:`~harness.scenario.PlacementConfig`).
 
-The harness pins its own thread to the load set while the run lasts, so every process it
+The harness pins its threads to the load set while the run lasts, so every process it
 starts inherits that set (Locust processes, distributed workers, proxies); the target's
 processes are started on the target set instead (``ServerProcess.cpus``), and what they fork
 later inherits it. Affinity is the kernel's ``sched_setaffinity(2)``; a process may widen its
