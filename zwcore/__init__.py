@@ -12,7 +12,7 @@ from zwcore._errors import (
     TargetError,
     ZerowindowError,
 )
-from zwcore._plugins import load_plugins, resolve_plugins
+from zwcore._plugins import is_file_plugin, load_plugins, resolve_plugins
 from zwcore._registry import Registry, UnknownKindError, kind_of, relocated_errors
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "UnknownKindError",
     "ZerowindowError",
     "format_cpu_list",
+    "is_file_plugin",
     "kind_of",
     "load_plugins",
     "parse_cpu_list",

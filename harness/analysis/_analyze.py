@@ -32,6 +32,7 @@ from harness.runfolder import (
     SUMMARY_JSON,
     LoadWorker,
     RunSummary,
+    kept_plugins,
     read_json,
     read_parquet,
     records_files,
@@ -88,7 +89,9 @@ def read_facts(run_dir: Path) -> RunFacts:
     info = read_json(run_dir / RUN_JSON)
     old = read_json(run_dir / SUMMARY_JSON) if (run_dir / SUMMARY_JSON).exists() else {}
     try:
-        scenario = Scenario.model_validate(info["scenario"])
+        recorded = dict(info["scenario"])
+        recorded["plugins"] = kept_plugins(run_dir, list(recorded.get("plugins", [])))
+        scenario = Scenario.model_validate(recorded)
     except (KeyError, ValueError) as exc:
         raise RunFolderError(f"{run_dir / RUN_JSON}: no valid scenario ({exc})") from None
     old_proxy = old.get("proxy") or {}
@@ -97,7 +100,10 @@ def read_facts(run_dir: Path) -> RunFacts:
     workers = info.get("load_workers", old.get("load_workers", []))
     duration = info.get("duration_s", old.get("duration_s"))
     if duration is None:
-        raise RunFolderError(f"{run_dir / RUN_JSON}: the run did not record its duration")
+        why = " (status 'running': the run was killed before it ended)" * (
+            info.get("status") == "running"
+        )
+        raise RunFolderError(f"{run_dir / RUN_JSON}: the run did not record its duration{why}")
     return RunFacts(
         scenario=scenario,
         status=str(info.get("status", old.get("status", "failed"))),

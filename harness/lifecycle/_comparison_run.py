@@ -47,7 +47,13 @@ from harness.lifecycle._run import RunLifecycle
 from harness.lifecycle._runinfo import host_facts, versions
 from harness.lifecycle._signals import RunInterrupted, signals_raise
 from harness.outputs import write_comparison
-from harness.runfolder import COMPARISON_RUN_JSON, SCENARIO_TOML, new_run_dir, write_json
+from harness.runfolder import (
+    COMPARISON_RUN_JSON,
+    SCENARIO_TOML,
+    keep_plugins,
+    new_run_dir,
+    write_json,
+)
 from harness.scenario import NamedProxyConfig, Scenario, ScenarioError, needs_baseline
 from harness.servers import Target, make_target
 from loadgen import FullSpeed, RequestSpec, build_prompt, prompt_seed, stream_request
@@ -149,6 +155,7 @@ def run_comparison(
     run_dir = new_run_dir(out_root, scenario.name)
     if scenario_path is not None:
         shutil.copyfile(scenario_path, run_dir / SCENARIO_TOML)
+    keep_plugins(run_dir, scenario.plugins)
     target = make_target(scenario.target)
     placement = plan_placement(scenario.placement, target_started=bool(target.processes()))
     place_target(placement, target.processes())

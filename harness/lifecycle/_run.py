@@ -44,6 +44,7 @@ from harness.runfolder import (
     SERVER_METRICS,
     SOCKETS,
     LoadWorker,
+    keep_plugins,
     new_run_dir,
     write_json,
     write_parquet,
@@ -365,6 +366,7 @@ def run_scenario(
     run_dir = new_run_dir(out_root, scenario.name)
     if scenario_path is not None:
         shutil.copyfile(scenario_path, run_dir / SCENARIO_TOML)
+    keep_plugins(run_dir, scenario.plugins)
     run = RunLifecycle(
         scenario,
         scenario_path,

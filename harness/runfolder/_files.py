@@ -7,10 +7,12 @@ writes them.
 
 from __future__ import annotations
 
+import shutil
 from datetime import UTC, datetime
 from pathlib import Path
 
 from loadgen import group_files
+from zwcore import is_file_plugin
 
 RUN_JSON = "run.json"
 SUMMARY_JSON = "summary.json"
@@ -53,3 +55,27 @@ def new_run_dir(out_root: Path, scenario: str) -> Path:
         run_dir = base.with_name(f"{stamp}-{n}")
     run_dir.mkdir(parents=True)
     return run_dir
+
+
+PLUGINS_DIR = "plugins"  # copies of the scenario's .py plugins
+
+
+def keep_plugins(run_dir: Path, specs: list[str]) -> None:
+    """Copy the scenario's file plugins (absolute ``.py`` paths among ``specs``; module names
+    are left out) into ``run_dir/plugins/`` as ``<index>-<file name>``, so that the run folder
+    can be analysed where the files are not. Raises ``OSError`` if a copy cannot be made."""
+    for i, spec in enumerate(specs):
+        if is_file_plugin(spec) and Path(spec).is_file():
+            (run_dir / PLUGINS_DIR).mkdir(exist_ok=True)
+            shutil.copyfile(spec, run_dir / PLUGINS_DIR / f"{i}-{Path(spec).name}")
+
+
+def kept_plugins(run_dir: Path, specs: list[str]) -> list[str]:
+    """``specs`` with each file plugin that is no longer where the run found it replaced by its
+    copy in ``run_dir/plugins/`` (see :func:`keep_plugins`), when there is one."""
+    out = []
+    for i, spec in enumerate(specs):
+        copy = run_dir / PLUGINS_DIR / f"{i}-{Path(spec).name}"
+        gone = is_file_plugin(spec) and not Path(spec).is_file()
+        out.append(str(copy) if gone and copy.is_file() else spec)
+    return out
