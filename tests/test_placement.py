@@ -44,6 +44,8 @@ def test_plan_splits_sets_or_says_why_not():
     assert not off.applied and "enabled = false" in off.reason
     url = plan_placement(PlacementConfig(), available=(0, 1), target_started=False)
     assert not url.applied and url.reason == "none: the run does not start the target"
+    only = plan_placement(PlacementConfig(load_cpus="1"), available=(0, 1), target_started=False)
+    assert not only.applied and only.load_cpus == (1,) and "load only" in only.reason
     given = plan_placement(PlacementConfig(load_cpus="3"), available=(0, 1, 2, 3))
     assert (given.target_cpus, given.load_cpus) == ((0, 1, 2), (3,))
     assert given.describe() == {

@@ -61,14 +61,13 @@ def plan_placement(
 ) -> Placement:
     """Choose the CPU sets of a run from ``config`` among ``available`` (default: this
     process's usable CPUs). A target the run does not start (``target_started=False``: a
-    ``url`` target) has nothing to place, and the load keeps every CPU. Raises
+    ``url`` target) has nothing to place: the load keeps every CPU, or the ``load_cpus`` the
+    scenario names. Raises
     :class:`ScenarioError` when a set names a CPU that is not usable or leaves the other set
     empty."""
     cpus = available if available is not None else usable_cpus()
     if not config.enabled:
         return Placement(None, None, cpus, "off ([placement] enabled = false)")
-    if not target_started:
-        return Placement(None, None, cpus, "none: the run does not start the target")
     target, load = config.target_cpus, config.load_cpus
     for field, chosen in (("target_cpus", target), ("load_cpus", load)):
         if chosen and (outside := set(chosen) - set(cpus)):
@@ -76,6 +75,11 @@ def plan_placement(
                 f"placement.{field}: CPU {format_cpu_list(outside)} is not usable here "
                 f"(usable: {format_cpu_list(cpus)})"
             )
+    if not target_started:
+        why = "the run does not start the target"
+        if load:
+            return Placement(None, load, cpus, f"load only, as set in [placement]: {why}")
+        return Placement(None, None, cpus, f"none: {why}")
     if target is None and load is None:
         if len(cpus) < 2:
             return Placement(None, None, cpus, f"impossible: {len(cpus)} usable CPU")
