@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -41,17 +42,13 @@ action = { kind = "stall", after_tokens = 4, stall_s = 30 }
 
 
 def _locust_of(run_root: str, group: str = "doomed") -> psutil.Process | None:
-    return next(iter(_processes_of(run_root, f"group-{group}.json")), None)
-
-
-def _processes_of(run_root: str, also: str = "") -> list[psutil.Process]:
-    """Processes whose command line names a file under ``run_root`` (and ``also``)."""
-    found = []
+    """The Locust process whose command line names ``group``'s configuration under
+    ``run_root``."""
     for proc in psutil.process_iter(["cmdline"]):
         text = " ".join(proc.info["cmdline"] or [])
-        if run_root in text and also in text and proc.pid != os.getpid():
-            found.append(proc)
-    return found
+        if run_root in text and f"group-{group}.json" in text and proc.pid != os.getpid():
+            return proc
+    return None
 
 
 def _start(tmp_path: Path) -> tuple[subprocess.Popen[str], Path, psutil.Process]:
@@ -75,17 +72,24 @@ def _start(tmp_path: Path) -> tuple[subprocess.Popen[str], Path, psutil.Process]
     return run, out, victim
 
 
-def test_a_killed_load_process_fails_the_run(tmp_path: Path):
-    run, out, victim = _start(tmp_path)
+def _signal_and_end(
+    run: subprocess.Popen[str], out: Path, process: psutil.Process, sig: int
+) -> tuple[str, dict[str, Any]]:
+    """Send ``sig`` to ``process``, wait for the run to end; its output and run.json."""
     try:
-        victim.send_signal(signal.SIGKILL)
+        process.send_signal(sig)
         output, _ = run.communicate(timeout=120)
     finally:
         if run.poll() is None:
             run.kill()
-    assert run.returncode == 1, output
     (run_dir,) = out.glob("load-death/*")
-    info = json.loads((run_dir / "run.json").read_text())
+    return output, json.loads((run_dir / "run.json").read_text())
+
+
+def test_a_killed_load_process_fails_the_run(tmp_path: Path):
+    run, out, victim = _start(tmp_path)
+    output, info = _signal_and_end(run, out, victim, signal.SIGKILL)
+    assert run.returncode == 1, output
     assert info["status"] == "failed"
     assert "load process of group doomed was killed by SIGKILL" in info["failure"]
     assert "(see locust-doomed.log)" in info["failure"]
@@ -93,15 +97,9 @@ def test_a_killed_load_process_fails_the_run(tmp_path: Path):
 
 def test_a_hang_up_stops_the_run_and_everything_it_started(tmp_path: Path):
     run, out, _ = _start(tmp_path)
-    children = psutil.Process(run.pid).children(recursive=True)
-    try:
-        run.send_signal(signal.SIGHUP)
-        output, _ = run.communicate(timeout=120)
-    finally:
-        if run.poll() is None:
-            run.kill()
+    harness = psutil.Process(run.pid)
+    children = harness.children(recursive=True)
+    output, info = _signal_and_end(run, out, harness, signal.SIGHUP)
     assert run.returncode == 130, output
-    (run_dir,) = out.glob("load-death/*")
-    info = json.loads((run_dir / "run.json").read_text())
     assert info["status"] == "interrupted" and "SIGHUP" in info["failure"]
     assert children and not [c for c in children if c.is_running() and c.status() != "zombie"]

@@ -85,9 +85,8 @@ def plan_placement(
             return Placement(None, None, cpus, f"impossible: {len(cpus)} usable CPU")
         half = (len(cpus) + 1) // 2
         return Placement(cpus[:half], cpus[half:], cpus, "auto: usable CPUs split in two")
-    rest = lambda chosen: tuple(c for c in cpus if c not in set(chosen))  # noqa: E731
-    target = target or rest(load or ())
-    load = load or rest(target)
+    target = target or tuple(c for c in cpus if c not in set(load or ()))
+    load = load or tuple(c for c in cpus if c not in set(target))
     if not target or not load:
         empty = "target_cpus" if not target else "load_cpus"
         raise ScenarioError(f"placement.{empty}: no usable CPU is left for it")
