@@ -11,6 +11,7 @@ import shutil
 from datetime import UTC, datetime
 from pathlib import Path
 
+from harness._engine_probe import REQUESTS_FILE, STATUS_FILE, STEPS_FILE
 from loadgen import group_files
 from zwcore import is_file_plugin
 
@@ -28,9 +29,9 @@ SERVER_METRICS = "server_metrics.parquet"
 SOCKETS = "sockets.parquet"
 PROXY = "proxy.parquet"
 WIRE = "wire.parquet"
-ENGINE_STEPS = "engine_steps.parquet"  # written by the engine (probe or emulator)
-ENGINE_REQUESTS = "engine_requests.parquet"
-ENGINE_PROBE_JSON = "engine_probe.json"
+ENGINE_STEPS = STEPS_FILE  # written by the engine (probe or emulator)
+ENGINE_REQUESTS = REQUESTS_FILE
+ENGINE_PROBE_JSON = STATUS_FILE
 COMPARISON_MD = "comparison.md"
 COMPARISON_JSON = "comparison.json"
 COMPARISON_RUN_JSON = "comparison-run.json"
