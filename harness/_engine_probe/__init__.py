@@ -14,6 +14,7 @@ from harness._engine_probe._tables import (
     STEP_SCHEMA,
     STEPS_FILE,
     EngineTables,
+    compact_dataset,
     write_status,
 )
 
@@ -25,5 +26,6 @@ __all__ = [
     "STEPS_FILE",
     "STEP_SCHEMA",
     "EngineTables",
+    "compact_dataset",
     "write_status",
 ]

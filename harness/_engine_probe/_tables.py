@@ -54,43 +54,50 @@ REQUEST_SCHEMA = pa.schema([
 
 
 class _Table:
-    """Rows buffered column by column, written as one Parquet row group per flush."""
+    """Rows buffered column by column; each flush writes them as one complete Parquet file,
+    ``<path>/part-NNNNNN.parquet``, so that ``path`` is a Parquet dataset (a folder that
+    ``pandas.read_parquet`` reads as one table) and every flushed row survives an engine that
+    is killed (vLLM's API server SIGKILLs its engine core on shutdown). A part is written under
+    a name beginning with ``.`` (which readers skip) and then renamed."""
 
     def __init__(self, path: Path, schema: pa.Schema) -> None:
         self.path = path
         self.schema = schema
         self.columns: dict[str, list[Any]] = {name: [] for name in schema.names}
-        self._writer: pq.ParquetWriter | None = None
+        self._parts = 0
 
     def append(self, row: dict[str, Any]) -> None:
         for name, values in self.columns.items():
             values.append(row.get(name))
 
-    def flush(self) -> None:
-        if self._writer is None:
-            self._writer = pq.ParquetWriter(self.path, self.schema)
-        if self.columns[self.schema.names[0]]:
-            self._writer.write_table(pa.Table.from_pydict(self.columns, schema=self.schema))
-            for values in self.columns.values():
-                values.clear()
-
-    def close(self) -> None:
-        self.flush()
-        if self._writer is not None:
-            self._writer.close()
+    def flush(self, *, always: bool = False) -> None:
+        """Write the buffered rows as a new part (with ``always``, even none: the table then
+        exists, with its columns, when the engine saw nothing)."""
+        if not self.columns[self.schema.names[0]] and not (always and self._parts == 0):
+            return
+        table = pa.Table.from_pydict(self.columns, schema=self.schema)
+        self.path.mkdir(exist_ok=True)
+        name = f"part-{self._parts:06d}.parquet"
+        tmp = self.path / f".{name}"
+        pq.write_table(table, tmp)
+        tmp.replace(self.path / name)
+        self._parts += 1
+        for values in self.columns.values():
+            values.clear()
 
 
 class EngineTables:
     """The two engine tables of one engine process, written into ``out_dir``.
 
     :meth:`step` and :meth:`request` buffer rows (a few list appends: cheap enough for every
-    engine step); every ``flush_interval_s`` the buffers are written as a Parquet row group, so
-    that a long run does not grow in memory. :meth:`close` writes the rest and the files'
-    footers: a file whose engine was killed before ``close`` cannot be read. Raises ``OSError``
-    when ``out_dir`` is not writable.
+    engine step); every ``flush_interval_s`` (checked at each step) the buffers are written as
+    a new part of each table's folder (see :class:`_Table`), so that a long run does not grow
+    in memory and a killed engine loses at most the rows of the last interval. The harness
+    compacts each folder into a single file after the engine stopped
+    (:func:`compact_dataset`). Raises ``OSError`` when ``out_dir`` is not writable.
     """
 
-    def __init__(self, out_dir: str | os.PathLike[str], *, flush_interval_s: float = 1.0) -> None:
+    def __init__(self, out_dir: str | os.PathLike[str], *, flush_interval_s: float = 2.0) -> None:
         out = Path(out_dir)
         self.steps = _Table(out / STEPS_FILE, STEP_SCHEMA)
         self.requests = _Table(out / REQUESTS_FILE, REQUEST_SCHEMA)
@@ -128,16 +135,35 @@ class EngineTables:
         self.requests.append(row)
 
     def flush(self) -> None:
+        """Write the buffered rows of both tables."""
         self.steps.flush()
         self.requests.flush()
 
     def close(self) -> None:
-        """Write what is buffered and finish both files; a second call does nothing."""
+        """Write what is buffered (both tables exist afterwards); a second call does nothing."""
         if self.closed:
             return
         self.closed = True
-        self.steps.close()
-        self.requests.close()
+        self.steps.flush(always=True)
+        self.requests.flush(always=True)
+
+
+def compact_dataset(path: Path) -> None:
+    """Replace the Parquet dataset folder ``path`` (the parts an engine wrote) by a single
+    Parquet file of the same name holding all its rows in order. Does nothing when ``path`` is
+    not a folder. Raises ``OSError`` or ``pyarrow.ArrowInvalid`` for unreadable parts."""
+    if not path.is_dir():
+        return
+    parts = sorted(p for p in path.glob("part-*.parquet"))
+    tables = [pq.read_table(p) for p in parts]
+    tmp = path.with_name(f".{path.name}.compact")
+    if tables:
+        pq.write_table(pa.concat_tables(tables), tmp)
+    for p in path.iterdir():
+        p.unlink()
+    path.rmdir()
+    if tables:
+        tmp.replace(path)
 
 
 def write_status(out_dir: str | os.PathLike[str], **fields: Any) -> None:

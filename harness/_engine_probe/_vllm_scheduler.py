@@ -1,0 +1,274 @@
+"""The engine probe for vLLM: a scheduler that records every step and every request's KV life.
+
+vLLM loads it through its own extension point, ``--scheduler-cls
+harness._engine_probe._vllm_scheduler.EngineProbe`` (``SchedulerConfig.scheduler_cls``,
+vllm/config/scheduler.py ``get_scheduler_cls``; the engine core builds it in
+vllm/v1/engine/core.py). :class:`EngineProbe` builds a subclass of the class the engine would
+have used without it: ``AsyncScheduler`` (vllm/v1/core/sched/async_scheduler.py) when the
+resolved config has ``async_scheduling`` on, else ``Scheduler``
+(vllm/v1/core/sched/scheduler.py), so that the probe does not switch async scheduling off.
+
+What it records, with ``time.monotonic()`` (CLOCK_MONOTONIC, the clock of the client records),
+into the folder named by ``ZEROWINDOW_ENGINE_DIR`` (the run folder; unset, it records nothing):
+
+- after each ``update_from_output`` (one engine step): KV usage, running, waiting, preemptions
+  so far and tokens scheduled (``engine_steps.parquet``);
+- per request (``engine_requests.parquet``): ``add_request`` (arrival), the first ``schedule``
+  that gives it tokens (first scheduled) and each one after a preemption (resumed), the
+  step whose output holds its first token, ``_preempt_request``, ``_free_request`` (generation
+  end and finish reason: the engine stops generating for it) and ``_free_request_blocks`` with
+  the request finished (its KV blocks go back to the pool; with a KV connector that delays the
+  free, later than generation end).
+
+A failure of the recording code never stops the engine: the probe writes ``engine_probe.json``
+with ``status = "failed"`` and the reason, stops recording and lets the engine run on; the
+harness then reports the run as scrape-only. A vLLM without the methods the probe hooks fails
+to import this module with a message naming them.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import vllm
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import RequestStatus
+
+from harness._engine_probe._tables import ENGINE_DIR_ENV, EngineTables, write_status
+
+HOOKS = (
+    "add_request",
+    "schedule",
+    "update_from_output",
+    "_preempt_request",
+    "_free_request",
+    "_free_request_blocks",
+    "shutdown",
+)
+"""The scheduler methods the probe extends; vLLM versions without one of them are refused."""
+
+PROBE_ERROR = "zerowindow engine probe"
+"""Words that begin every error the probe raises, for the harness to find in the engine log."""
+
+_missing = [f"{base.__name__}.{name}" for base in (Scheduler, AsyncScheduler)
+            for name in HOOKS if not callable(getattr(base, name, None))]  # fmt: skip
+if _missing:
+    raise ImportError(
+        f"{PROBE_ERROR}: vLLM {vllm.__version__} has no {', '.join(_missing)}; this probe "
+        'was written for vLLM 0.32 (set the target\'s engine_probe = "off" or "fallback")'
+    )
+
+
+@dataclass
+class _RequestLife:
+    """What the probe knows of one request; times in monotonic s, ``None`` until they come."""
+
+    request: Any
+    t_arrival: float
+    t_first_scheduled: float | None = None
+    t_first_token: float | None = None
+    t_generation_end: float | None = None
+    finish_reason: str | None = None
+    kv_blocks_peak: int = 0
+    preempted_at: list[float] = field(default_factory=list)
+    resumed_at: list[float] = field(default_factory=list)
+
+    def row(self, t_kv_freed: float | None, kv_blocks_freed: int | None) -> dict[str, Any]:
+        req = self.request
+        return {
+            "engine_request_id": req.request_id,
+            "t_arrival": self.t_arrival,
+            "t_first_scheduled": self.t_first_scheduled,
+            "t_first_token": self.t_first_token,
+            "t_generation_end": self.t_generation_end,
+            "t_kv_freed": t_kv_freed,
+            "finish_reason": self.finish_reason,
+            "prompt_tokens": int(req.num_prompt_tokens),
+            "output_tokens": int(req.num_output_tokens),
+            "kv_blocks_peak": self.kv_blocks_peak,
+            "kv_blocks_freed": kv_blocks_freed,
+            "preempted_at": self.preempted_at,
+            "resumed_at": self.resumed_at,
+        }
+
+
+def _finish_reason(status: RequestStatus) -> str:
+    reason = RequestStatus.get_finished_reason(status)
+    return str(reason) if reason is not None else str(status).lower()
+
+
+class _ProbeMixin:
+    """The recording added to a vLLM scheduler class (see the module docstring)."""
+
+    _zw_tables: EngineTables | None
+    _zw_lives: dict[str, _RequestLife]
+    _zw_preemptions: int
+    _zw_lock: threading.Lock
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._zw_tables = None
+        self._zw_lives = {}
+        self._zw_preemptions = 0
+        self._zw_lock = threading.Lock()
+        out_dir = os.environ.get(ENGINE_DIR_ENV)
+        if not out_dir:
+            return
+        self._zw_dir = out_dir
+        base = type(self).__mro__[2]
+        try:
+            self._zw_tables = EngineTables(out_dir)
+            write_status(
+                out_dir,
+                engine="vllm",
+                status="running",
+                base_class=f"{base.__module__}.{base.__qualname__}",
+                engine_version=vllm.__version__,
+            )
+        except Exception as exc:  # noqa: BLE001 - any failure: say so, never stop the engine
+            self._zw_fail(exc)
+            return
+        atexit.register(self._zw_close)
+
+    # -- failure and end ------------------------------------------------------------------
+
+    def _zw_fail(self, exc: BaseException) -> None:
+        """Stop recording and say why in ``engine_probe.json``; the engine runs on."""
+        self._zw_tables = None
+        reason = f"{PROBE_ERROR} failed: {type(exc).__name__}: {exc}"
+        try:
+            write_status(self._zw_dir, engine="vllm", status="failed", reason=reason,
+                         engine_version=vllm.__version__)  # fmt: skip
+        except OSError:
+            pass
+
+    def _zw_close(self) -> None:
+        with self._zw_lock:
+            tables, self._zw_tables = self._zw_tables, None
+            if tables is None:
+                return
+            try:
+                for life in self._zw_lives.values():  # alive when the engine stopped
+                    tables.request(life.row(None, None))
+                self._zw_lives.clear()
+                tables.close()
+            except Exception as exc:  # noqa: BLE001
+                self._zw_fail(exc)
+
+    def shutdown(self) -> None:
+        super().shutdown()  # type: ignore[misc]
+        self._zw_close()
+
+    # -- hooks ----------------------------------------------------------------------------
+
+    def add_request(self, request: Any) -> None:
+        super().add_request(request)  # type: ignore[misc]
+        if self._zw_tables is not None and request.request_id not in self._zw_lives:
+            self._zw_lives[request.request_id] = _RequestLife(request, time.monotonic())
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        output = super().schedule(*args, **kwargs)  # type: ignore[misc]
+        if self._zw_tables is not None:
+            try:
+                now = time.monotonic()
+                for req_id in output.num_scheduled_tokens:
+                    life = self._zw_lives.get(req_id)
+                    if life is None:
+                        continue
+                    if life.t_first_scheduled is None:
+                        life.t_first_scheduled = now
+                    elif len(life.resumed_at) < len(life.preempted_at):
+                        life.resumed_at.append(now)
+            except Exception as exc:  # noqa: BLE001
+                self._zw_fail(exc)
+        return output
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        outputs = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
+        tables = self._zw_tables
+        if tables is None:
+            return outputs
+        try:
+            now = time.monotonic()
+            for req_id in scheduler_output.num_scheduled_tokens:
+                life = self._zw_lives.get(req_id)
+                if life is not None and life.t_first_token is None:
+                    if life.request.num_output_tokens > 0:
+                        life.t_first_token = now
+            running, waiting = self.get_request_counts()  # type: ignore[attr-defined]
+            tables.step(
+                now,
+                kv_cache_usage=float(self.kv_cache_manager.usage),  # type: ignore[attr-defined]
+                running=running,
+                waiting=waiting,
+                preemptions_total=self._zw_preemptions,
+                scheduled_tokens=int(scheduler_output.total_num_scheduled_tokens),
+            )
+        except Exception as exc:  # noqa: BLE001
+            self._zw_fail(exc)
+        return outputs
+
+    def _preempt_request(self, request: Any, *args: Any, **kwargs: Any) -> None:
+        super()._preempt_request(request, *args, **kwargs)  # type: ignore[misc]
+        self._zw_preemptions += 1
+        life = self._zw_lives.get(request.request_id)
+        if life is not None:
+            life.preempted_at.append(time.monotonic())
+
+    def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        life = self._zw_lives.get(request.request_id)
+        if life is not None and life.t_generation_end is None:
+            life.t_generation_end = time.monotonic()
+            life.finish_reason = _finish_reason(request.status)
+        return super()._free_request(request, *args, **kwargs)  # type: ignore[misc]
+
+    def _free_request_blocks(self, request: Any) -> None:
+        life = self._zw_lives.get(request.request_id)
+        blocks = 0
+        if life is not None:
+            try:
+                blocks = self._zw_blocks(request.request_id)
+                life.kv_blocks_peak = max(life.kv_blocks_peak, blocks)
+            except Exception as exc:  # noqa: BLE001
+                self._zw_fail(exc)
+        super()._free_request_blocks(request)  # type: ignore[misc]
+        if life is None or not request.is_finished():
+            return  # a preemption: the blocks come back, the request lives on
+        del self._zw_lives[request.request_id]
+        tables = self._zw_tables
+        if tables is not None:
+            try:
+                tables.request(life.row(time.monotonic(), blocks))
+            except Exception as exc:  # noqa: BLE001
+                self._zw_fail(exc)
+
+    def _zw_blocks(self, request_id: str) -> int:
+        """KV blocks the request holds, over all KV cache groups."""
+        groups = self.kv_cache_manager.get_block_ids(request_id)  # type: ignore[attr-defined]
+        return sum(len(ids) for ids in groups)
+
+
+class ProbeScheduler(_ProbeMixin, Scheduler):
+    """vLLM's ``Scheduler`` with the probe."""
+
+
+class ProbeAsyncScheduler(_ProbeMixin, AsyncScheduler):
+    """vLLM's ``AsyncScheduler`` with the probe."""
+
+
+class EngineProbe:
+    """What ``--scheduler-cls`` names: constructing it builds :class:`ProbeAsyncScheduler` when
+    the engine's resolved config has async scheduling on, else :class:`ProbeScheduler` (vLLM
+    passes ``vllm_config`` by keyword, vllm/v1/engine/core.py)."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:  # noqa: D102
+        config = kwargs.get("vllm_config", args[0] if args else None)
+        use_async = bool(getattr(getattr(config, "scheduler_config", None),
+                                 "async_scheduling", False))  # fmt: skip
+        return (ProbeAsyncScheduler if use_async else ProbeScheduler)(*args, **kwargs)
