@@ -8,6 +8,7 @@ pyarrow (and vLLM, for the probe): no other part of the harness is imported.
 
 from harness._engine_probe._tables import (
     ENGINE_DIR_ENV,
+    PROBE_ERROR,
     REQUEST_SCHEMA,
     REQUESTS_FILE,
     STATUS_FILE,
@@ -20,6 +21,7 @@ from harness._engine_probe._tables import (
 
 __all__ = [
     "ENGINE_DIR_ENV",
+    "PROBE_ERROR",
     "REQUESTS_FILE",
     "REQUEST_SCHEMA",
     "STATUS_FILE",

@@ -22,6 +22,10 @@ ENGINE_DIR_ENV = "ZEROWINDOW_ENGINE_DIR"
 """Environment variable naming the folder the engine writes its tables into (the run folder);
 unset, the engine writes none."""
 
+PROBE_ERROR = "zerowindow engine probe"
+"""Words that begin every error the probe raises or reports, for the harness to find in the
+engine's log."""
+
 STEPS_FILE = "engine_steps.parquet"
 REQUESTS_FILE = "engine_requests.parquet"
 STATUS_FILE = "engine_probe.json"

@@ -40,7 +40,7 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
 
-from harness._engine_probe._tables import ENGINE_DIR_ENV, EngineTables, write_status
+from harness._engine_probe._tables import ENGINE_DIR_ENV, PROBE_ERROR, EngineTables, write_status
 
 HOOKS = (
     "add_request",
@@ -52,9 +52,6 @@ HOOKS = (
     "shutdown",
 )
 """The scheduler methods the probe extends; vLLM versions without one of them are refused."""
-
-PROBE_ERROR = "zerowindow engine probe"
-"""Words that begin every error the probe raises, for the harness to find in the engine log."""
 
 _missing = [f"{base.__name__}.{name}" for base in (Scheduler, AsyncScheduler)
             for name in HOOKS if not callable(getattr(base, name, None))]  # fmt: skip

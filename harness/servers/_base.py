@@ -63,6 +63,16 @@ class Target(Server):
         :class:`~zwcore.TargetError`."""
         raise NotImplementedError
 
+    def engine_probe(self) -> dict[str, Any]:
+        """``run.json``'s ``engine_probe``: whether the engine wrote its own tables
+        (``engine_steps.parquet``, ``engine_requests.parquet``) and, if not, why. A target
+        the run does not start has no probe: its verdicts come from scrapes only."""
+        return {
+            "status": "not_run",
+            "reason": f"a {self.kind} target: the run does not start the engine, so it cannot "
+            "load a probe into it; verdicts come from /metrics scrapes only",
+        }
+
 
 class Proxy(Server):
     """What stands between the clients and the target. ``metrics_url``: its own Prometheus

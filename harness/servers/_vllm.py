@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
+import harness
+from harness._engine_probe import PROBE_ERROR, STATUS_FILE
 from harness.servers._base import TARGETS, Target, TargetConfigBase
+from harness.servers._health import TargetError
 from harness.servers._launched import LaunchedTarget
 from zwcore import format_cpu_list
+
+PROBE_CLASS = "harness._engine_probe._vllm_scheduler.EngineProbe"
+PROBE_HELP = (
+    'set [target] engine_probe = "fallback" to run scrape-only when the probe cannot load, '
+    'or "off" not to load it'
+)
 
 
 @TARGETS.register
@@ -33,6 +44,12 @@ class VllmTargetConfig(TargetConfigBase):
     env: dict[str, str] = {}
     startup_timeout_s: float = Field(300.0, gt=0)
     stop_grace_s: float = Field(10.0, gt=0)
+    engine_probe: Literal["on", "fallback", "off"] = Field(
+        "on",
+        description="load the engine probe (--scheduler-cls) that writes engine_steps.parquet "
+        "and engine_requests.parquet: on (a probe that cannot load fails the start), fallback "
+        "(then run scrape-only, and say so), off",
+    )
 
     def build(self) -> Target:
         return VllmTarget(self)
@@ -50,6 +67,17 @@ class VllmTarget(LaunchedTarget):
     DEAD_MARKERS: ClassVar[tuple[str, ...]] = ("EngineDeadError", "EngineCore encountered a fatal")
     config: VllmTargetConfig
 
+    def __init__(self, config: VllmTargetConfig) -> None:
+        super().__init__(config)
+        self.probe_loaded = (
+            config.engine_probe != "off" and "--scheduler-cls" not in config.extra_args
+        )
+        self._probe_note: str | None = None  # why the probe did not run, when it did not
+        if config.engine_probe == "off":
+            self._probe_note = 'off ([target] engine_probe = "off")'
+        elif not self.probe_loaded:
+            self._probe_note = "extra_args set their own --scheduler-cls"
+
     def launch_env(self) -> dict[str, str]:
         """As for any launched target, plus, when the run placed the target on CPUs, vLLM's
         CPU build told to bind its OpenMP threads there (``VLLM_CPU_OMP_THREADS_BIND``, read
@@ -58,7 +86,63 @@ class VllmTarget(LaunchedTarget):
         env = super().launch_env()
         if self.server.cpus is not None:
             env.setdefault("VLLM_CPU_OMP_THREADS_BIND", format_cpu_list(self.server.cpus))
+        if self.probe_loaded:  # the probe must import from vLLM's interpreter, whichever it is
+            root = str(Path(harness.__file__).resolve().parent.parent)
+            path = env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (root, path) if p)
         return env
+
+    def start(self, run_dir: Path) -> None:
+        """Start vLLM with the engine probe (unless ``engine_probe = "off"``). A probe that
+        cannot load, or that reports a failure at start, fails the start with the reason, or
+        with ``fallback`` restarts vLLM without it (the run is then scrape-only). Raises
+        :class:`~zwcore.TargetError`."""
+        self.run_dir = run_dir
+        try:
+            super().start(run_dir)
+        except TargetError as exc:
+            reason = self._probe_error()
+            if not self.probe_loaded or reason is None:
+                raise
+            self._no_probe(f"the engine probe could not load ({reason})", exc)
+            super().start(run_dir)
+            return
+        if not self.probe_loaded:
+            return
+        status = self._probe_status()
+        if status.get("status") != "running":
+            why = status.get("reason") or f"the engine wrote no {STATUS_FILE}"
+            self.stop()
+            self._no_probe(f"the engine probe did not start ({why})", None)
+            super().start(run_dir)
+
+    def _no_probe(self, reason: str, exc: TargetError | None) -> None:
+        """Give up the probe: raise with ``on``; with ``fallback`` note why and go on."""
+        if self.config.engine_probe != "fallback":
+            raise TargetError(f"{reason}; {PROBE_HELP}") from exc
+        self.stop()
+        self.probe_loaded, self._probe_note = False, f"fallback: {reason}"
+
+    def _probe_error(self) -> str | None:
+        """The probe's own error line in the log (it begins with :data:`PROBE_ERROR`)."""
+        if self.log_path is None or not self.log_path.exists():
+            return None
+        lines = [ln for ln in self.log_path.read_text(errors="replace").splitlines()
+                 if PROBE_ERROR in ln]  # fmt: skip
+        return lines[-1].split(f"{PROBE_ERROR}", 1)[1].strip(" :") if lines else None
+
+    def _probe_status(self) -> dict[str, Any]:
+        try:
+            data = json.loads((self.run_dir / STATUS_FILE).read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def engine_probe(self) -> dict[str, Any]:
+        facts: dict[str, Any] = {"requested": self.config.engine_probe}
+        if not self.probe_loaded:
+            return {**facts, "status": "not_run", "reason": self._probe_note}
+        return {**facts, "scheduler_cls": PROBE_CLASS, **self._probe_status()}
 
     def build_argv(self) -> list[str]:
         model = self.config.model
@@ -71,5 +155,6 @@ class VllmTarget(LaunchedTarget):
             "--served-model-name", self.config.served_model_name,
             "--host", self.config.host,
             "--port", str(self.port),
+            *(["--scheduler-cls", PROBE_CLASS] if self.probe_loaded else []),
             *self.config.extra_args,
         ]  # fmt: skip
