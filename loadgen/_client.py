@@ -197,6 +197,8 @@ class _Stream:
             tokens = self.tokens.chunk_tokens(payload)
             if payload.prompt_tokens is not None:
                 rec.prompt_tokens = payload.prompt_tokens
+            if rec.stream_id is None:
+                rec.stream_id = payload.stream_id
             if payload.kind != "chunk":
                 continue
             if payload.finish_reason is not None:

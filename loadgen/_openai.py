@@ -58,7 +58,9 @@ class Payload:
     ``kind``: ``"chunk"`` (non-empty ``choices``), ``"usage"`` (empty ``choices``: the final
     usage-only chunk, not a token chunk), ``"done"`` (``[DONE]``) or ``"error"`` (an error
     object, malformed JSON, or JSON that is not an object). ``completion_tokens`` and
-    ``prompt_tokens`` are the cumulative usage counts when present, else ``None``.
+    ``prompt_tokens`` are the cumulative usage counts when present, else ``None``;
+    ``stream_id`` is the payload's ``id`` (the same in every chunk of a stream; vLLM's is
+    ``cmpl-<X-Request-Id>``, and its engine's request id begins with it).
     """
 
     kind: PayloadKind
@@ -67,6 +69,7 @@ class Payload:
     prompt_tokens: int | None = None
     finish_reason: str | None = None
     error: str | None = None
+    stream_id: str | None = None
 
 
 def _error_text(obj: dict[str, Any]) -> str:
@@ -97,10 +100,14 @@ def parse_payload(data: str, *, event_type: str = "message") -> Payload:
     usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else None
     completion_tokens = _int_or_none(usage.get("completion_tokens")) if usage else None
     prompt_tokens = _int_or_none(usage.get("prompt_tokens")) if usage else None
+    stream_id = obj["id"] if isinstance(obj.get("id"), str) else None
     choices = obj.get("choices")
     if not isinstance(choices, list) or not choices:
         return Payload(
-            kind="usage", completion_tokens=completion_tokens, prompt_tokens=prompt_tokens
+            kind="usage",
+            completion_tokens=completion_tokens,
+            prompt_tokens=prompt_tokens,
+            stream_id=stream_id,
         )
     texts: list[str] = []
     finish_reason: str | None = None
@@ -119,6 +126,7 @@ def parse_payload(data: str, *, event_type: str = "message") -> Payload:
         completion_tokens=completion_tokens,
         prompt_tokens=prompt_tokens,
         finish_reason=finish_reason,
+        stream_id=stream_id,
     )
 
 

@@ -92,6 +92,7 @@ class RequestRecord:
     t_action: float | None = None
     t_cut_seen: float | None = None
     cut_kind: str | None = None
+    stream_id: str | None = None  # the ``id`` of the stream's chunks (engine request id prefix)
 
     @property
     def ttft_ms(self) -> float | None:

@@ -16,6 +16,7 @@ from harness._engine_probe._tables import (
     STEPS_FILE,
     EngineTables,
     compact_dataset,
+    read_status,
     write_status,
 )
 
@@ -29,5 +30,6 @@ __all__ = [
     "STEP_SCHEMA",
     "EngineTables",
     "compact_dataset",
+    "read_status",
     "write_status",
 ]

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-import time
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,53 +63,74 @@ class _Table:
     ``<path>/part-NNNNNN.parquet``, so that ``path`` is a Parquet dataset (a folder that
     ``pandas.read_parquet`` reads as one table) and every flushed row survives an engine that
     is killed (vLLM's API server SIGKILLs its engine core on shutdown). A part is written under
-    a name beginning with ``.`` (which readers skip) and then renamed."""
+    a name beginning with ``.`` (which readers skip) and then renamed. Not thread-safe: the
+    owner locks."""
 
     def __init__(self, path: Path, schema: pa.Schema) -> None:
         self.path = path
         self.schema = schema
-        self.columns: dict[str, list[Any]] = {name: [] for name in schema.names}
+        self.columns: dict[str, list[Any]] = self._empty()
         self._parts = 0
+
+    def _empty(self) -> dict[str, list[Any]]:
+        return {name: [] for name in self.schema.names}
 
     def append(self, row: dict[str, Any]) -> None:
         for name, values in self.columns.items():
             values.append(row.get(name))
 
-    def flush(self, *, always: bool = False) -> None:
-        """Write the buffered rows as a new part (with ``always``, even none: the table then
-        exists, with its columns, when the engine saw nothing)."""
-        if not self.columns[self.schema.names[0]] and not (always and self._parts == 0):
+    def take(self) -> dict[str, list[Any]]:
+        """The buffered rows, leaving the buffer empty."""
+        taken, self.columns = self.columns, self._empty()
+        return taken
+
+    def write(self, columns: dict[str, list[Any]], *, always: bool = False) -> None:
+        """Write ``columns`` as a new part (with ``always``, even no rows when no part exists
+        yet: the table then exists, with its columns, when the engine saw nothing)."""
+        if not columns[self.schema.names[0]] and not (always and self._parts == 0):
             return
-        table = pa.Table.from_pydict(self.columns, schema=self.schema)
+        table = pa.Table.from_pydict(columns, schema=self.schema)
         self.path.mkdir(exist_ok=True)
         name = f"part-{self._parts:06d}.parquet"
         tmp = self.path / f".{name}"
         pq.write_table(table, tmp)
         tmp.replace(self.path / name)
         self._parts += 1
-        for values in self.columns.values():
-            values.clear()
 
 
 class EngineTables:
     """The two engine tables of one engine process, written into ``out_dir``.
 
-    :meth:`step` and :meth:`request` buffer rows (a few list appends: cheap enough for every
-    engine step); every ``flush_interval_s`` (checked at each step) the buffers are written as
-    a new part of each table's folder (see :class:`_Table`), so that a long run does not grow
-    in memory and a killed engine loses at most the rows of the last interval. The harness
-    compacts each folder into a single file after the engine stopped
-    (:func:`compact_dataset`). Raises ``OSError`` when ``out_dir`` is not writable.
+    :meth:`step` and :meth:`request` buffer rows (a lock and a few list appends: cheap enough
+    for every engine step); a background thread writes the buffers every ``flush_interval_s``
+    as a new part of each table's folder (see :class:`_Table`), so that a long run does not
+    grow in memory, an idle engine's last rows reach the disk, and a killed engine loses at
+    most the rows of the last interval. The harness compacts each folder into a single file
+    after the engine stopped (:func:`compact_dataset`). Raises ``OSError`` when ``out_dir``
+    is not writable. ``on_error`` is called (from the flushing thread) with an exception a
+    write raised; flushing then stops.
     """
 
-    def __init__(self, out_dir: str | os.PathLike[str], *, flush_interval_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        out_dir: str | os.PathLike[str],
+        *,
+        flush_interval_s: float = 0.5,
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> None:
         out = Path(out_dir)
+        if not out.is_dir():
+            raise OSError(f"{out}: not a folder")
         self.steps = _Table(out / STEPS_FILE, STEP_SCHEMA)
         self.requests = _Table(out / REQUESTS_FILE, REQUEST_SCHEMA)
         self.flush_interval_s = flush_interval_s
-        self._next_flush = time.monotonic() + flush_interval_s
+        self.on_error = on_error
         self._step = 0
-        self.closed = False
+        self._lock = threading.Lock()  # the buffers
+        self._write_lock = threading.Lock()  # the parts
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._flusher, name="engine-tables", daemon=True)
+        self._thread.start()
 
     def step(
         self,
@@ -121,35 +143,56 @@ class EngineTables:
         scheduled_tokens: int,
     ) -> None:
         """One engine step ending at ``t`` (monotonic s); KV usage as a 0..1 fraction."""
-        c = self.steps.columns
-        c["t"].append(t)
-        c["step"].append(self._step)
-        c["kv_cache_usage"].append(kv_cache_usage)
-        c["num_requests_running"].append(running)
-        c["num_requests_waiting"].append(waiting)
-        c["num_preemptions_total"].append(preemptions_total)
-        c["num_scheduled_tokens"].append(scheduled_tokens)
-        self._step += 1
-        if t >= self._next_flush:
-            self.flush()
-            self._next_flush = t + self.flush_interval_s
+        with self._lock:
+            c = self.steps.columns
+            c["t"].append(t)
+            c["step"].append(self._step)
+            c["kv_cache_usage"].append(kv_cache_usage)
+            c["num_requests_running"].append(running)
+            c["num_requests_waiting"].append(waiting)
+            c["num_preemptions_total"].append(preemptions_total)
+            c["num_scheduled_tokens"].append(scheduled_tokens)
+            self._step += 1
 
     def request(self, row: dict[str, Any]) -> None:
         """One request's row (keys: the columns of ``REQUEST_SCHEMA``; a missing key is null)."""
-        self.requests.append(row)
+        with self._lock:
+            self.requests.append(row)
 
-    def flush(self) -> None:
-        """Write the buffered rows of both tables."""
-        self.steps.flush()
-        self.requests.flush()
+    def flush(self, *, always: bool = False) -> None:
+        """Write the buffered rows of both tables now."""
+        with self._write_lock:
+            with self._lock:
+                steps, requests = self.steps.take(), self.requests.take()
+            self.steps.write(steps, always=always)
+            self.requests.write(requests, always=always)
+
+    def _flusher(self) -> None:
+        while not self._stop.wait(self.flush_interval_s):
+            try:
+                self.flush()
+            except Exception as exc:  # noqa: BLE001 - reported, never raised into the engine
+                if self.on_error is not None:
+                    self.on_error(exc)
+                return
+
+    @property
+    def closed(self) -> bool:
+        return self._stop.is_set()
 
     def close(self) -> None:
-        """Write what is buffered (both tables exist afterwards); a second call does nothing."""
-        if self.closed:
+        """Stop the flushing thread and write what is buffered (both tables exist afterwards);
+        a second call does nothing."""
+        if self._stop.is_set():
             return
-        self.closed = True
-        self.steps.flush(always=True)
-        self.requests.flush(always=True)
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5.0)
+        self.flush(always=True)
+
+    def close_quietly(self) -> None:
+        """Stop the flushing thread without writing (after a failure)."""
+        self._stop.set()
 
 
 def compact_dataset(path: Path) -> None:
@@ -177,3 +220,12 @@ def write_status(out_dir: str | os.PathLike[str], **fields: Any) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({**fields, "pid": os.getpid()}, indent=2) + "\n")
     tmp.replace(path)
+
+
+def read_status(out_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """The ``engine_probe.json`` in ``out_dir``; ``{}`` if it is missing or unreadable."""
+    try:
+        data = json.loads((Path(out_dir) / STATUS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

@@ -120,7 +120,7 @@ class _ProbeMixin:
         self._zw_dir = out_dir
         base = type(self).__mro__[2]
         try:
-            self._zw_tables = EngineTables(out_dir)
+            self._zw_tables = EngineTables(out_dir, on_error=self._zw_fail)
             write_status(
                 out_dir,
                 engine="vllm",
@@ -137,7 +137,9 @@ class _ProbeMixin:
 
     def _zw_fail(self, exc: BaseException) -> None:
         """Stop recording and say why in ``engine_probe.json``; the engine runs on."""
-        self._zw_tables = None
+        tables, self._zw_tables = self._zw_tables, None
+        if tables is not None:
+            tables.close_quietly()
         reason = f"{PROBE_ERROR} failed: {type(exc).__name__}: {exc}"
         try:
             write_status(self._zw_dir, engine="vllm", status="failed", reason=reason,

@@ -15,6 +15,13 @@ from typing import Any
 
 import pandas as pd
 
+from harness.analysis._engine import (
+    combine_verdicts,
+    engine_server_figures,
+    join_engine,
+    kv_held_from_requests,
+    probe_problem,
+)
 from harness.analysis._proxy import proxy_summary
 from harness.analysis._saturation import saturation_summary
 from harness.analysis._stalls import abort_times, attribute_aborts
@@ -24,6 +31,8 @@ from harness.analysis._verdicts import kv_held_verdict
 from harness.collectors import SOCKET_COLUMNS
 from harness.runfolder import (
     CHUNKS,
+    ENGINE_REQUESTS,
+    ENGINE_STEPS,
     PROXY,
     REQUESTS,
     RUN_JSON,
@@ -67,6 +76,7 @@ class RunFacts:
     stalled_flows: list[dict[str, Any]] | None = None
     load_workers: list[LoadWorker] = field(default_factory=list)
     placement: dict[str, Any] | None = None  # run.json's "placement" (lifecycle._placement)
+    engine_probe: dict[str, Any] | None = None  # run.json's "engine_probe"
 
     def as_dict(self) -> dict[str, Any]:
         """The facts as ``run.json`` keeps them (the scenario is there already)."""
@@ -116,6 +126,7 @@ def read_facts(run_dir: Path) -> RunFacts:
         stalled_flows=(info.get("network") or {}).get("stalled_flows"),
         load_workers=[LoadWorker.model_validate(w) for w in workers],
         placement=info.get("placement"),
+        engine_probe=info.get("engine_probe"),
     )
 
 
@@ -166,6 +177,12 @@ def analyze(run_dir: Path, facts: RunFacts | None = None) -> Analysis:
     requests = requests_frame(records, client_sockets)
     requests = attribute_aborts(requests, abort_times(metrics, requests["t_send"]))
     chunks = chunks_frame(records)
+    engine_requests = read_parquet(run_dir / ENGINE_REQUESTS)
+    engine_steps = read_parquet(run_dir / ENGINE_STEPS)
+    no_engine = probe_problem(facts.engine_probe, engine_requests)
+    requests, unjoined = join_engine(
+        requests, chunks, engine_requests if no_engine is None else engine_requests.iloc[0:0]
+    )
     t_first_send = float(requests["t_send"].min()) if len(requests) else None
     # Only the load's own connections: not the scraper's, nor anyone else's.
     load_sockets = client_sockets[
@@ -178,6 +195,21 @@ def analyze(run_dir: Path, facts: RunFacts | None = None) -> Analysis:
         generation_bound_s=scenario.verdict.generation_bound_s,
         min_observe_s=scenario.verdict.min_observe_s,
     )
+    engine_verdict = None
+    if no_engine is None:
+        engine_steps = engine_steps.sort_values("t") if len(engine_steps) else engine_steps
+        engine_verdict = kv_held_from_requests(
+            requests, engine_steps, held_min_ms=scenario.verdict.kv_held_min_ms, unjoined=unjoined
+        )
+    server = summarize_server(metrics, facts.missing_metrics, requests)
+    if no_engine is None and (engine_figures := engine_server_figures(engine_steps)):
+        server = server.model_copy(
+            update={
+                **engine_figures,
+                "figures_source": "engine_probe",
+                "scraped_kv_cache_usage_peak_perc": server.kv_cache_usage_peak_perc,
+            }
+        )
     status, failure = facts.status, facts.failure
     if status == "complete" and (reason := all_requests_failed(requests)):
         status, failure = "failed", reason
@@ -188,8 +220,12 @@ def analyze(run_dir: Path, facts: RunFacts | None = None) -> Analysis:
         failure=failure,
         duration_s=facts.duration_s,
         groups=[summarize_group(n, requests, chunks) for n in group_names(requests, groups)],
-        server=summarize_server(metrics, facts.missing_metrics, requests),
-        verdicts={"kv_held_by_undelivered_streams": verdict.as_dict()},
+        server=server,
+        verdicts={
+            "kv_held_by_undelivered_streams": combine_verdicts(
+                engine_verdict, verdict.as_dict(), no_engine
+            )
+        },
         client_saturation=saturation_summary(
             [p for g in groups for p in saturation_files(run_dir, g)],
             placement=facts.placement,

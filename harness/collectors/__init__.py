@@ -8,6 +8,7 @@ from harness.collectors._collectors import (
     SocketSampler,
     parse_vllm_metrics,
 )
+from harness.collectors._engine_tables import collect_engine_tables
 from harness.collectors._proxy_probe import ProxyProbe, parse_egress_metrics, tree_rss_bytes
 
 __all__ = [
@@ -15,6 +16,7 @@ __all__ = [
     "MetricsScraper",
     "ProxyProbe",
     "Sampler",
+    "collect_engine_tables",
     "SocketSampler",
     "parse_egress_metrics",
     "parse_vllm_metrics",

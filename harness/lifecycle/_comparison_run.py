@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 
 from harness.analysis import Comparison, compare
-from harness.collectors import parse_vllm_metrics
+from harness.collectors import collect_engine_tables, parse_vllm_metrics
 from harness.lifecycle._conclude import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -184,6 +184,9 @@ def run_comparison(
         finally:
             target.stop()
     info["target"] = target.describe()
+    info["engine_probe"] = target.engine_probe()
+    if why := collect_engine_tables(run_dir, target.engine_dir, t_start=0.0, engine_stopped=True):
+        info["engine_probe"] = {**info["engine_probe"], "status": "failed", "reason": why}
     if result.runs:
         kinds = {p.name: p.proxy.kind for p in scenario.proxies}
         result.comparison = compare(

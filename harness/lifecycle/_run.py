@@ -21,7 +21,13 @@ from urllib.parse import urlsplit
 import pandas as pd
 
 from harness.analysis import RunFacts
-from harness.collectors import SOCKET_COLUMNS, MetricsScraper, ProxyProbe, SocketSampler
+from harness.collectors import (
+    SOCKET_COLUMNS,
+    MetricsScraper,
+    ProxyProbe,
+    SocketSampler,
+    collect_engine_tables,
+)
 from harness.lifecycle._conclude import RunResult, conclude
 from harness.lifecycle._distributed import (
     EXPECT_WORKERS_MAX_WAIT_S,
@@ -285,6 +291,7 @@ class RunLifecycle:
         self.info["proxy"] = self.proxy.describe()
         self.info["load_processes"] = [ld.describe() for ld in self.loads]
         self.info["target"] = self.target.describe()
+        self.info["engine_probe"] = self._engine_tables()
         self.info["ended_utc"] = datetime.now(UTC).isoformat()
         metrics = pd.DataFrame(self.scraper.rows if self.scraper else [])
         if "scrape_ok" not in metrics:
@@ -304,6 +311,18 @@ class RunLifecycle:
         self.duration_s = time.monotonic() - self.t_start
         return self._facts()
 
+    def _engine_tables(self) -> dict[str, Any]:
+        """Bring the engine's own tables into the run folder; ``run.json``'s
+        ``engine_probe``."""
+        probe = self.target.engine_probe()
+        why = collect_engine_tables(
+            self.run_dir,
+            self.target.engine_dir,
+            t_start=self.t_start,
+            engine_stopped=self.manage_target,
+        )
+        return probe if why is None else {**probe, "status": "failed", "reason": why}
+
     def _facts(self) -> RunFacts:
         return RunFacts(
             scenario=self.scenario,
@@ -317,6 +336,7 @@ class RunLifecycle:
             stalled_flows=self.network.stalled if self.network and self.network.captures else None,
             load_workers=self.workers,
             placement=self.placement.describe(),
+            engine_probe=self.info.get("engine_probe"),
         )
 
 

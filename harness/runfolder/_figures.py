@@ -69,7 +69,10 @@ def figures(summary: RunSummary) -> dict[str, float | None]:
     }
     kv = summary.verdicts.get("kv_held_by_undelivered_streams", {})
     # Without one successful scrape the KV figures were not measured (not 0): their gates fail.
-    measured = summary.server.scrapes - summary.server.failed_scrapes > 0
+    measured = (
+        summary.server.scrapes - summary.server.failed_scrapes > 0
+        or kv.get("source") == "engine_probe"
+    )
     for name, key in _KV_VERDICT.items():
         out[name] = _float(kv.get(key)) if measured else None
     for f in numeric_fields(ServerSummary):

@@ -140,7 +140,8 @@ class GroupSummary(BaseModel):
 
 
 class ServerSummary(BaseModel):
-    """Server figures from its /metrics. ``preemptions`` is the counter's rise over the run;
+    """Server figures from its /metrics, or from the engine's own steps when it wrote them
+    (``figures_source``). ``preemptions`` is the counter's rise over the run;
     ``missing_metrics`` names figures the server never reported; ``scrape_gap_max_s`` is the
     longest time between two scrapes (a starved harness samples less often than configured, and
     peaks between two scrapes are missed). ``request_success`` is each counter's rise over the
@@ -159,6 +160,12 @@ class ServerSummary(BaseModel):
     missing_metrics: list[str]
     generation_tokens: float | None = None
     undelivered_tokens: float | None = None
+    # "engine_probe" when the peak KV usage, preemptions and peak running/waiting come from
+    # the engine's own steps (engine_steps.parquet) instead of the scrapes; the scrapes' peak
+    # KV is then kept beside it.
+    figures_source: str = "scrapes"
+    scraped_kv_cache_usage_peak_perc: float | None = None
+    engine_steps: int | None = None
 
 
 class RunSummary(BaseModel):

@@ -53,6 +53,13 @@ class VerdictConfig(_Strict):
 
     generation_bound_s: float | None = Field(None, gt=0)
     min_observe_s: float = Field(1.0, gt=0)
+    kv_held_min_ms: float = Field(
+        100.0,
+        gt=0,
+        description="from the engine's own records: a request whose KV is freed more than "
+        "this long after its last generated token, while its client still lacked output, "
+        "held KV",
+    )
 
 
 class NamedProxyConfig(_Strict):

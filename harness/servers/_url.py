@@ -8,6 +8,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 
+from harness._engine_probe import STATUS_FILE, read_status
 from harness.servers._base import TARGETS, Target, TargetConfigBase
 from harness.servers._health import wait_healthy
 
@@ -20,6 +21,12 @@ class UrlTargetConfig(TargetConfigBase):
     url: str
     served_model_name: str
     startup_timeout_s: float = Field(30.0, gt=0)
+    engine_dir: str | None = Field(
+        None,
+        description="the folder where that server's engine writes its own tables: the "
+        "ZEROWINDOW_ENGINE_DIR of a vLLM started with --scheduler-cls "
+        "harness._engine_probe._vllm_scheduler.EngineProbe (docs/engine-probe.md)",
+    )
 
     @field_validator("url")
     @classmethod
@@ -49,6 +56,16 @@ class UrlTarget(Target):
         self.config = config
         self.base_url = config.url
         self.served_model_name = config.served_model_name
+        self.engine_dir = Path(config.engine_dir) if config.engine_dir else None
+
+    def engine_probe(self) -> dict[str, Any]:
+        if self.engine_dir is None:
+            return super().engine_probe()
+        status = read_status(self.engine_dir)
+        if not status:
+            return {"status": "not_run", "dir": str(self.engine_dir),
+                    "reason": f"engine_dir {self.engine_dir} holds no {STATUS_FILE}"}  # fmt: skip
+        return {**status, "dir": str(self.engine_dir)}
 
     def start(self, run_dir: Path) -> None:
         wait_healthy(self.base_url, timeout_s=self.config.startup_timeout_s)

@@ -1,0 +1,274 @@
+"""The engine's own records joined with what each client received.
+
+The engine (vLLM through the probe, the emulator) writes ``engine_requests.parquet`` and
+``engine_steps.parquet`` (``harness._engine_probe``). Each engine request is joined with the
+client record whose stream it served: vLLM's engine request id begins with the stream's ``id``
+(``cmpl-<X-Request-Id>``) followed by ``-<choice>-<suffix>`` (vllm/entrypoints/openai/
+completion/serving.py; the suffix is added by the engine client). Times on both sides are
+CLOCK_MONOTONIC seconds of the same machine.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+ENGINE_JOIN_COLUMNS = [
+    "engine_request_id", "t_engine_arrival", "t_engine_first_scheduled", "t_engine_first_token",
+    "t_generation_end", "t_kv_freed", "engine_finish_reason", "engine_preemptions",
+    "delivery_lag_ms", "kv_held_after_generation_ms",
+    "undelivered_tokens_at_generation_end", "undelivered_tokens_at_kv_free",
+    "undelivered_bytes_at_generation_end", "undelivered_bytes_at_kv_free",
+]  # fmt: skip
+_RENAMED = {
+    "t_arrival": "t_engine_arrival",
+    "t_first_scheduled": "t_engine_first_scheduled",
+    "t_first_token": "t_engine_first_token",
+    "finish_reason": "engine_finish_reason",
+}
+
+
+def stream_of(engine_id: str, stream_ids: set[str]) -> str | None:
+    """The stream id in ``stream_ids`` that ``engine_id`` begins with, followed by ``-`` or
+    nothing (the longest, if several); ``None`` if none does."""
+    candidate = engine_id
+    while True:
+        if candidate in stream_ids:
+            return candidate
+        if "-" not in candidate:
+            return None
+        candidate = candidate.rsplit("-", 1)[0]
+
+
+def _received_by(chunks: pd.DataFrame, moments: pd.Series) -> tuple[pd.Series, pd.Series]:
+    """Per request (the index of ``moments``, request ids): tokens and bytes of its chunks
+    that arrived at or before its moment (monotonic s)."""
+    if not len(chunks) or not len(moments):
+        empty = pd.Series(0.0, index=moments.index)
+        return empty, empty.copy()
+    c = chunks[["request_id", "t", "tokens", "bytes"]].copy()
+    c["moment"] = c["request_id"].map(moments)
+    c = c[c["moment"].notna() & (c["t"] <= c["moment"])]
+    got = c.groupby("request_id")[["tokens", "bytes"]].sum()
+    got = got.reindex(moments.index).fillna(0.0)
+    return got["tokens"], got["bytes"]
+
+
+def join_engine(
+    requests: pd.DataFrame, chunks: pd.DataFrame, engine: pd.DataFrame
+) -> tuple[pd.DataFrame, int]:
+    """``requests`` with the :data:`ENGINE_JOIN_COLUMNS` of its engine request (NaN where none
+    joined), and how many engine requests joined no client record (the harness's own warm-up,
+    other clients of a shared engine).
+
+    Delivery lag (ms) is the client's last byte minus the engine's generation end; KV held
+    after generation (ms) is KV freed minus generation end. Undelivered tokens at a moment are
+    the engine's generated tokens minus the tokens of the chunks the client had received by
+    then; undelivered bytes are those tokens times the stream's mean wire bytes per token (an
+    estimate: the client never sees the bytes it never reads).
+    """
+    out = requests.copy()
+    for col in ENGINE_JOIN_COLUMNS:
+        out[col] = np.nan
+    out["engine_request_id"] = out["engine_request_id"].astype(object)
+    out["engine_finish_reason"] = out["engine_finish_reason"].astype(object)
+    if not len(engine) or "stream_id" not in out or not len(out):
+        return out, len(engine)
+    by_stream = {s: rid for s, rid in zip(out["stream_id"], out["request_id"], strict=True)
+                 if isinstance(s, str)}  # fmt: skip
+    streams = set(by_stream)
+    eng = engine.copy()
+    eng["request_id"] = [
+        by_stream.get(stream_of(e, streams) or "") for e in eng["engine_request_id"]
+    ]
+    unjoined = int(eng["request_id"].isna().sum())
+    eng = eng[eng["request_id"].notna()].drop_duplicates("request_id", keep="last")
+    eng = eng.rename(columns=_RENAMED).set_index("request_id")
+    eng["engine_preemptions"] = eng["preempted_at"].map(lambda v: 0 if v is None else len(v))
+    idx = out["request_id"]
+    for col in ENGINE_JOIN_COLUMNS[:8]:
+        out[col] = idx.map(eng[col]).to_numpy() if col in eng else np.nan
+    gen_end, freed = (
+        out.set_index("request_id")["t_generation_end"],
+        out.set_index("request_id")["t_kv_freed"],
+    )
+    out["delivery_lag_ms"] = (out["t_last_byte"] - out["t_generation_end"]) * 1000.0
+    out["kv_held_after_generation_ms"] = (out["t_kv_freed"] - out["t_generation_end"]) * 1000.0
+    generated = idx.map(eng["output_tokens"]).astype(float).to_numpy()
+    tokens = chunks.groupby("request_id")["tokens"].sum() if len(chunks) else pd.Series(dtype=float)
+    wire = chunks.groupby("request_id")["bytes"].sum() if len(chunks) else pd.Series(dtype=float)
+    per_token = (wire / tokens.replace(0, np.nan)).reindex(idx).to_numpy()
+    fallback = float(wire.sum() / tokens.sum()) if len(tokens) and tokens.sum() else np.nan
+    per_token = np.where(np.isnan(per_token), fallback, per_token)
+    for moment, name in ((gen_end, "generation_end"), (freed, "kv_free")):
+        got_tokens, _ = _received_by(chunks, moment.dropna())
+        received = got_tokens.reindex(idx).to_numpy()
+        undelivered = np.clip(generated - received, 0, None)
+        out[f"undelivered_tokens_at_{name}"] = undelivered
+        out[f"undelivered_bytes_at_{name}"] = undelivered * per_token
+    return out, unjoined
+
+
+def _union_s(intervals: list[tuple[float, float]]) -> float:
+    """Total length (s) of the union of ``intervals``."""
+    total, end = 0.0, -np.inf
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+def _usage_over(steps: pd.DataFrame, a: float, b: float) -> tuple[float, float]:
+    """Peak KV usage (0..1) and its integral (fraction × s) over ``[a, b]``: each step's usage
+    holds until the next step (an idle engine takes none)."""
+    if not len(steps):
+        return 0.0, 0.0
+    t = steps["t"].to_numpy()
+    u = steps["kv_cache_usage"].to_numpy()
+    start = max(int(np.searchsorted(t, a, side="right")) - 1, 0)
+    stop = int(np.searchsorted(t, b, side="right"))
+    ts, us = t[start:stop], u[start:stop]
+    if not len(ts):
+        return 0.0, 0.0
+    edges = np.clip(np.append(ts, b), a, b)
+    return float(us.max()), float((us * np.diff(edges)).sum())
+
+
+def engine_server_figures(steps: pd.DataFrame) -> dict[str, Any]:
+    """Peak KV usage (%), preemptions, peak running and waiting and the step count, from the
+    engine's steps (``engine_steps.parquet``); ``{}`` when there are none. Preemptions count
+    the rises of the engine's total, plus the total at its first step when the table begins at
+    the engine's first step."""
+    if not len(steps):
+        return {}
+    total = steps["num_preemptions_total"].astype(float)
+    preemptions = float(total.diff().clip(lower=0).sum())
+    if int(steps["step"].iloc[0]) == 0:
+        preemptions += float(total.iloc[0])
+    return {
+        "kv_cache_usage_peak_perc": float(steps["kv_cache_usage"].max() * 100.0),
+        "preemptions": preemptions,
+        "running_peak": float(steps["num_requests_running"].max()),
+        "waiting_peak": float(steps["num_requests_waiting"].max()),
+        "engine_steps": len(steps),
+    }
+
+
+def kv_held_from_requests(
+    joined: pd.DataFrame, steps: pd.DataFrame, *, held_min_ms: float, unjoined: int
+) -> dict[str, Any]:
+    """The KV-held verdict from per-request evidence (``joined``: :func:`join_engine`'s
+    frame).
+
+    A request held KV hostage when its KV was freed more than ``held_min_ms`` after its
+    generation ended while its client still lacked output at generation end. ``held`` if any
+    did; ``none`` if some request's KV was freed while its client still lacked output (the
+    engine did not wait for delivery); ``not_observed`` if no request had output undelivered
+    when its generation ended. Figures: ``kv_held_s`` (the union of the held requests'
+    generation-end-to-free spans), ``kv_held_peak_perc`` and ``kv_seconds`` (KV usage over
+    those spans, from the steps), counts, and the spread of KV-held-after-generation times.
+    """
+    done = joined[joined["t_kv_freed"].notna() & joined["t_generation_end"].notna()]
+    held_ms = done["kv_held_after_generation_ms"]
+    lacking_at_end = done["undelivered_tokens_at_generation_end"] > 0
+    held = done[(held_ms > held_min_ms) & lacking_at_end]
+    lacking_at_free = done[done["undelivered_tokens_at_kv_free"] > 0]
+    spans = [
+        (float(a), float(b))
+        for a, b in zip(held["t_generation_end"], held["t_kv_freed"], strict=True)
+    ]
+    usage = [_usage_over(steps, a, b) for a, b in spans]
+    status = "held" if len(held) else ("none" if len(lacking_at_free) else "not_observed")
+    return {
+        "status": status,
+        "source": "engine_probe",
+        "requests": len(done),
+        "requests_held": len(held),
+        "requests_undelivered_at_kv_free": len(lacking_at_free),
+        "undelivered_bytes_at_kv_free": float(
+            lacking_at_free["undelivered_bytes_at_kv_free"].sum()
+        ),
+        "kv_held_after_generation_max_ms": float(held_ms.max()) if len(held_ms) else None,
+        "kv_held_after_generation_p50_ms": float(held_ms.median()) if len(held_ms) else None,
+        "held_min_ms": held_min_ms,
+        "kv_held_s": _union_s(spans),
+        "kv_held_peak_perc": max((p for p, _ in usage), default=0.0) * 100.0,
+        "kv_seconds": sum(s for _, s in usage),
+        "engine_requests_unjoined": unjoined,
+    }
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
+
+
+def engine_verdict_line(v: dict[str, Any]) -> str:
+    """One sentence for the per-request verdict, e.g. "none held: 24 of 24 requests freed KV
+    within 3 ms of their last generated token; 16 of them still had 5.5 MB undelivered"."""
+    head = "KV held by undelivered streams"
+    n, held = v["requests"], v["requests_held"]
+    lacking, nbytes = v["requests_undelivered_at_kv_free"], v["undelivered_bytes_at_kv_free"]
+    if v["status"] == "held":
+        return (
+            f"{head}: HELD: {held} of {n} requests kept their KV after their last generated "
+            f"token until their output was delivered (up to "
+            f"{v['kv_held_after_generation_max_ms']:.0f} ms; {v['kv_held_s']:.1f} s in all, "
+            f"peak KV {v['kv_held_peak_perc']:.1f} %)"
+        )
+    within = v["kv_held_after_generation_max_ms"]
+    freed = f"freed KV within {within:.0f} ms of their last generated token" if n else ""
+    if v["status"] == "none":
+        return (
+            f"{head}: none held: {n} of {n} requests {freed}; {lacking} of them still had "
+            f"~{_mb(nbytes)} undelivered"
+        )
+    return (
+        f"{head}: not observed (per request: {n} requests {freed}, none with output "
+        "undelivered when its generation ended)"
+    )
+
+
+def probe_problem(probe: dict[str, Any] | None, engine_requests: pd.DataFrame) -> str | None:
+    """Why the engine's tables cannot be used (``run.json``'s ``engine_probe`` and the
+    request table), or ``None`` when they can."""
+    if probe is None:
+        return "the run recorded no engine probe (a run folder from before it existed)"
+    if probe.get("status") != "running":
+        return str(probe.get("reason") or f"engine probe status {probe.get('status')!r}")
+    if not len(engine_requests):
+        return "the engine probe recorded no request"
+    return None
+
+
+def combine_verdicts(
+    engine: dict[str, Any] | None, scrapes: dict[str, Any], scrape_only_reason: str | None
+) -> dict[str, Any]:
+    """The KV-held verdict of the summary: from per-request evidence when the engine's tables
+    exist (``engine``, with the scrape verdict beside it under ``scrapes`` and ``agreement``:
+    ``agree``, ``disagree`` (flagged in the line) or ``scrapes_not_observed``), else the scrape
+    verdict marked ``scrape-only`` with ``scrape_only_reason``."""
+    if engine is None:
+        line = f"{scrapes['line']} [scrape-only: {scrape_only_reason}]"
+        return {**scrapes, "source": "scrapes", "scrape_only_reason": scrape_only_reason,
+                "line": line}  # fmt: skip
+    line = engine_verdict_line(engine)
+    if scrapes["status"] == "not_observed":
+        agreement = "scrapes_not_observed"
+    elif scrapes["status"] == engine["status"]:
+        agreement = "agree"
+    else:
+        agreement = "disagree"
+        line += f" [DISAGREES with the /metrics scrapes, which say {scrapes['status']}]"
+    return {
+        **engine,
+        "undelivered_peak_bytes": scrapes["undelivered_peak_bytes"],
+        "t_generation_end": scrapes["t_generation_end"],
+        "window_s": scrapes["window_s"],
+        "agreement": agreement,
+        "scrapes": scrapes,
+        "line": line,
+    }

@@ -1,0 +1,70 @@
+"""The engine's own tables, brought into the run folder at the end of a run.
+
+An engine that writes its tables (vLLM with the engine probe, the emulator;
+``harness._engine_probe``) writes them into the folder named by ``ZEROWINDOW_ENGINE_DIR``: the
+run folder when the run started the engine, else the folder of whoever started it (the
+comparison's folder; for a ``url`` target, the ``engine_dir`` the user names). Either way the
+run folder ends with its own single-file ``engine_steps.parquet`` and
+``engine_requests.parquet``: compacted from the parts the engine wrote, or the slice of a
+shared engine's tables that falls within the run.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from harness._engine_probe import (
+    REQUEST_SCHEMA,
+    REQUESTS_FILE,
+    STEP_SCHEMA,
+    STEPS_FILE,
+    compact_dataset,
+)
+
+FLUSH_WAIT_S = 1.2
+"""How long to wait, after the load ended, for a running engine to write its last rows (it
+writes every 0.5 s: ``EngineTables.flush_interval_s``)."""
+
+
+def _read(path: Path, schema: pa.Schema) -> pd.DataFrame:
+    """A table an engine wrote (a folder of parts or one file), empty if there is none."""
+    if not path.exists():
+        return schema.empty_table().to_pandas()
+    return pd.read_parquet(path)
+
+
+def _write(frame: pd.DataFrame, path: Path, schema: pa.Schema) -> None:
+    pq.write_table(pa.Table.from_pandas(frame, schema=schema, preserve_index=False), path)
+
+
+def collect_engine_tables(
+    run_dir: Path, engine_dir: Path | None, *, t_start: float, engine_stopped: bool
+) -> str | None:
+    """Leave single-file engine tables in ``run_dir``; return why not, or ``None``.
+
+    ``engine_dir`` is where the engine wrote (``None``: it wrote nothing). When it is
+    ``run_dir`` and the engine has stopped (``engine_stopped``), its parts are compacted.
+    Otherwise the engine is shared and still running: after :data:`FLUSH_WAIT_S`, the steps
+    from ``t_start`` (monotonic s) on and the requests that arrived from then on are copied.
+    """
+    if engine_dir is None:
+        return None
+    steps_path, requests_path = engine_dir / STEPS_FILE, engine_dir / REQUESTS_FILE
+    try:
+        if engine_dir.resolve() == run_dir.resolve() and engine_stopped:
+            compact_dataset(steps_path)
+            compact_dataset(requests_path)
+            return None
+        time.sleep(FLUSH_WAIT_S)
+        steps = _read(steps_path, STEP_SCHEMA)
+        requests = _read(requests_path, REQUEST_SCHEMA)
+        _write(steps[steps["t"] >= t_start], run_dir / STEPS_FILE, STEP_SCHEMA)
+        _write(requests[requests["t_arrival"] >= t_start], run_dir / REQUESTS_FILE, REQUEST_SCHEMA)
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for damaged parts
+        return f"the engine's tables in {engine_dir} could not be read: {exc}"
+    return None
