@@ -1,8 +1,9 @@
 """The run report: one self-contained ``report.html`` per run folder.
 
-:func:`write_report` reads a run folder (``harness.outputs._report._data``), draws the timelines and
-CDFs with plotly (``_plots``) and fills ``report.html.j2`` (jinja2). The page
-inlines plotly.js and its CSS, so it opens without network.
+:func:`write_report` reads a run folder (``harness.outputs._report._data``), draws the
+per-request swimlane (``_swimlane``), the timelines and the CDFs with plotly (``_plots``) and
+fills ``report.html.j2`` (jinja2). The page inlines plotly.js and its CSS, so it opens without
+network.
 """
 
 from __future__ import annotations
@@ -26,7 +27,14 @@ from harness.outputs._report._data import (
     run_start,
     slowest_connections,
 )
-from harness.outputs._report._plots import class_cdfs, fragment, plotly_js, timeline
+from harness.outputs._report._plots import (
+    class_cdfs,
+    fragment,
+    plotly_js,
+    swimlane_figure,
+    timeline,
+)
+from harness.outputs._report._swimlane import swimlane
 
 __all__ = [
     "REPORT_NAME", "ReportError", "render_report", "report_or_warning",
@@ -111,6 +119,8 @@ def _context(data: RunData) -> dict[str, Any]:
     measured = not (ok_metrics(data).empty and data.sockets.empty and data.requests.empty)
     answered = "ttft_ms" in data.requests and data.requests["ttft_ms"].notna().any()
     ttft, itl = class_cdfs(data)
+    lanes = swimlane(data)
+    phases = [e for e in events(data) if e.kind == "phase"]
     scenario = info.get("scenario") or {}
     return {
         "title": f"zerowindow report: {data.label}",
@@ -126,7 +136,11 @@ def _context(data: RunData) -> dict[str, Any]:
         "exit_code": info.get("exit_code"),
         "saturation": s.get("client_saturation") or {},
         "startup_s": None if (t := run_start(data)) is None else data.t0 - t,
-        "phases": [e for e in events(data) if e.kind == "phase"],
+        "phases": phases,
+        "swimlane": Markup(fragment(swimlane_figure(lanes, [e.s for e in phases]), "swimlane"))
+        if lanes.labels
+        else None,
+        "lanes": lanes,
         "n_slowest": len(slowest_connections(load_sockets(data))),
         "timeline": Markup(fragment(timeline(data), "timeline")) if measured else None,
         "ttft_cdf": Markup(fragment(ttft, "ttft-cdf")) if answered else None,

@@ -14,7 +14,14 @@ import numpy as np
 import pandas as pd
 
 from harness.analysis import per_token_itl_s
-from harness.runfolder import GATES_JSON, RUN_JSON, SUMMARY_JSON, read_json, read_parquet
+from harness.runfolder import (
+    ENGINE_REQUESTS,
+    GATES_JSON,
+    RUN_JSON,
+    SUMMARY_JSON,
+    read_json,
+    read_parquet,
+)
 from loadgen import RequestRecord, read_records
 from zwcore import RunFolderError
 
@@ -29,7 +36,9 @@ class ReportError(RunFolderError):
 class RunData:
     """One run folder, read. Frames have the columns listed in ``results/README.md``; a
     table that is missing from the folder is an empty frame. ``t0`` (monotonic s) is the
-    origin of the report's time axis: the first scrape, socket sample or request."""
+    origin of the report's time axis: the first scrape, socket sample or request.
+    ``engine_requests`` is the engine's per-request table (empty for a scrape-only target);
+    ``engine_error`` says why it could not be read (the report then goes without it)."""
 
     run_dir: Path
     info: dict[str, Any]
@@ -41,6 +50,8 @@ class RunData:
     records: list[RequestRecord] = field(default_factory=list)
     gates: dict[str, Any] = field(default_factory=dict)  # gates.json, when the run had gates
     t0: float = 0.0
+    engine_requests: pd.DataFrame = field(default_factory=pd.DataFrame)
+    engine_error: str | None = None
 
     @property
     def label(self) -> str:
@@ -60,8 +71,9 @@ def _read_records(run_dir: Path) -> list[RequestRecord]:
 
 def load_run(run_dir: Path, *, with_records: bool = True) -> RunData:
     """Read ``run_dir`` (``summary.json`` required; ``run.json``, ``gates.json``, tables and
-    records when present). Raises :class:`ReportError` for a missing folder or
-    ``summary.json``, or a file that cannot be parsed."""
+    records when present; records and ``engine_requests.parquet`` only ``with_records``).
+    Raises :class:`ReportError` for a missing folder or ``summary.json``, or a file that cannot
+    be parsed (except ``engine_requests.parquet``: see ``RunData.engine_error``)."""
     if not run_dir.is_dir():
         raise ReportError(f"{run_dir}: not a folder")
     try:
@@ -82,6 +94,11 @@ def load_run(run_dir: Path, *, with_records: bool = True) -> RunData:
         records=_read_records(run_dir) if with_records else [],
         gates=gates,
     )
+    if with_records:  # the comparison needs neither
+        try:
+            data.engine_requests = read_parquet(run_dir / ENGINE_REQUESTS)
+        except RunFolderError as exc:  # e.g. the engine was killed before its footer
+            data.engine_error = str(exc)
     data.t0 = _origin(data)
     return data
 

@@ -27,6 +27,7 @@ from harness.outputs._report._data import (
     ttft_ms,
     user_classes,
 )
+from harness.outputs._report._swimlane import CLIENT_KINDS, ENGINE_KINDS, MARKS, Span, Swimlane
 
 EVENT_STYLE = {  # kind -> (row label, marker symbol, colour)
     "phase": ("phase", "diamond", "#444444"),
@@ -167,3 +168,72 @@ def class_cdfs(data: RunData) -> tuple[go.Figure, go.Figure]:
     ttft = cdf_figure({c: ttft_ms(data, c) for c in classes}, title="TTFT", unit="ms")
     itl = cdf_figure({c: itl_ms(data, c) for c in classes}, title="ITL per token", unit="ms")
     return ttft, itl
+
+
+_ROW_OFFSET = 0.21  # engine row above the lane's centre, client row below (lane units)
+
+
+def swimlane_figure(lanes: Swimlane, phases: list[float]) -> go.Figure:
+    """One lane per request of ``lanes`` (slowest at the top), x in seconds since the first
+    measurement: coloured spans as horizontal bars (engine row above, client row below; only
+    the client row when ``lanes`` has no engine data), marks for KV freed and cuts, and dotted
+    lines at ``phases`` (s). Hovering a span or mark shows the lane's numbers."""
+    offset = _ROW_OFFSET if lanes.has_engine else 0.0
+    y_of = {"engine": -offset, "client": offset}
+    title = {"engine": "engine (upper row)", "client": "client (lower row)"}
+    if not lanes.has_engine:
+        title["client"] = "client"
+    fig = go.Figure()
+    for row, kinds in (("engine", ENGINE_KINDS), ("client", CLIENT_KINDS)):
+        for kind, (label, colour) in kinds.items():
+            spans = [s for s in lanes.spans if s.row == row and s.kind == kind]
+            if spans:
+                bar = _bars(spans, lanes, label, colour, y_of[row], 0.38 if offset else 0.6)
+                fig.add_trace(bar.update(legendgroup=row, legendgrouptitle_text=title[row]))
+    for kind, (label, row, symbol, colour) in MARKS.items():
+        marks = [m for m in lanes.marks if m.kind == kind]
+        if marks:
+            fig.add_trace(
+                go.Scatter(
+                    x=[m.s for m in marks], y=[m.lane + y_of[row] for m in marks],
+                    mode="markers", name=label, legendgroup=row,
+                    legendgrouptitle_text=title[row],
+                    customdata=[lanes.numbers[m.lane] for m in marks],
+                    hovertemplate=f"{label} at %{{x:.3f}} s<br>%{{customdata}}<extra></extra>",
+                    marker={"symbol": symbol, "color": colour, "size": 11, "line": {"width": 2}},
+                )
+            )  # fmt: skip
+    for s in phases:
+        fig.add_vline(x=s, line={"dash": "dot", "color": "#888", "width": 1})
+    n = len(lanes.labels)
+    for lane in range(1, n):  # a thin rule between lanes
+        fig.add_hline(y=lane - 0.5, line={"color": "#eee", "width": 1})
+    fig.update_yaxes(
+        tickvals=list(range(n)), ticktext=lanes.labels, autorange="reversed",
+        showgrid=False, zeroline=False, tickfont={"size": 11},
+    )  # fmt: skip
+    fig.update_xaxes(title_text="seconds since the first measurement", showspikes=True,
+                     spikemode="across", spikethickness=1)  # fmt: skip
+    fig.update_layout(
+        barmode="overlay", height=max(380, 26 * n + 110), template="plotly_white",
+        hovermode="closest", margin={"l": 130, "r": 190, "t": 20, "b": 50},
+        legend={"x": 1.01, "xanchor": "left", "y": 1, "font": {"size": 11},
+                "groupclick": "toggleitem", "tracegroupgap": 8},
+    )  # fmt: skip
+    return fig
+
+
+def _bars(
+    spans: list[Span], lanes: Swimlane, label: str, colour: str, dy: float, width: float
+) -> go.Bar:
+    """``spans`` as horizontal bars (``base`` the start, ``x`` the length, s) at ``lane + dy``."""
+    return go.Bar(
+        orientation="h", name=label, width=width,
+        base=[s.start_s for s in spans], x=[s.end_s - s.start_s for s in spans],
+        y=[s.lane + dy for s in spans],
+        customdata=[[s.start_s, s.end_s, (s.end_s - s.start_s) * 1000.0, lanes.numbers[s.lane]]
+                    for s in spans],
+        hovertemplate=f"{label}: %{{customdata[0]:.3f}} to %{{customdata[1]:.3f}} s "
+        "(%{customdata[2]:,.1f} ms)<br>%{customdata[3]}<extra></extra>",
+        marker={"color": colour, "line": {"width": 0}},
+    )  # fmt: skip
