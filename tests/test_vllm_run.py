@@ -21,7 +21,10 @@ from tests.conftest import REPO, VLLM_ARGS, ZEROWINDOW, only_run_dir, tiny_model
 pytestmark = pytest.mark.vllm
 
 
-def _scenario(url: str, groups: str, *, name: str = "it", extra: str = "") -> str:
+def _scenario(
+    url: str, groups: str, *, name: str = "it", extra: str = "", engine_dir: Path | None = None
+) -> str:
+    engine = f'engine_dir = "{engine_dir}"' if engine_dir else ""
     return f"""
 name = "{name}"
 cooldown_s = 2
@@ -30,6 +33,7 @@ cooldown_s = 2
 kind = "url"
 url = "{url}"
 served_model_name = "tiny"
+{engine}
 {groups}
 """
 
@@ -78,9 +82,13 @@ endpoint = "chat"
     assert finished.iloc[-1] - finished.iloc[0] == 6
     info = json.loads((run_dir / "run.json").read_text())
     assert info["status"] == "complete" and info["versions"]["vllm"]
+    # A url target without engine_dir: no engine records, and the verdict says so.
+    assert info["engine_probe"]["status"] == "not_run"
+    verdict = summary["verdicts"]["kv_held_by_undelivered_streams"]
+    assert verdict["source"] == "scrapes" and "scrape-only" in verdict["line"], verdict
 
 
-def test_stalled_reader_fills_send_q_while_vllm_frees_kv(vllm_server, tmp_path):
+def test_stalled_reader_fills_send_q_while_vllm_frees_kv(vllm_server, vllm_engine_dir, tmp_path):
     groups = """
 [[groups]]
 name = "fast"
@@ -96,7 +104,8 @@ rcvbuf_bytes = 4096
 read = { kind = "paced", bytes_per_read = 64, interval_s = 0.1 }
 action = { kind = "stop_reading", after_tokens = 8, hold_s = 12 }
 """
-    result, run_dir = _run(_scenario(vllm_server, groups, name="stall"), tmp_path)
+    text = _scenario(vllm_server, groups, name="stall", engine_dir=vllm_engine_dir)
+    result, run_dir = _run(text, tmp_path)
     assert result.exit_code == 0, result.summary.failure
     requests = pd.read_parquet(run_dir / "requests.parquet")
     sockets = pd.read_parquet(run_dir / "sockets.parquet")
@@ -115,6 +124,23 @@ action = { kind = "stop_reading", after_tokens = 8, hold_s = 12 }
     assert verdict["status"] == "none", verdict
     assert "none held" in verdict["line"]
     assert verdict["window_s"] >= 3
+    # The engine's own records: every request joined its engine request, and each stalled
+    # reader's KV was freed at its generation end while its output was still undelivered.
+    assert verdict["source"] == "engine_probe" and verdict["agreement"] == "agree", verdict
+    assert requests["engine_request_id"].notna().all()
+    assert all(
+        e.startswith(s + "-")
+        for e, s in zip(requests["engine_request_id"], requests["stream_id"], strict=True)
+    )
+    assert (slow["kv_held_after_generation_ms"] < 100).all(), slow["kv_held_after_generation_ms"]
+    assert (slow["undelivered_tokens_at_kv_free"] > 100).all()
+    assert verdict["requests_undelivered_at_kv_free"] >= 4  # a fast stream may lag too
+    assert f"{len(requests)} of {len(requests)} requests freed KV" in verdict["line"]
+    server = result.summary.server
+    assert server.figures_source == "engine_probe" and server.engine_steps > 100
+    assert server.kv_cache_usage_peak_perc > 0
+    steps = pd.read_parquet(run_dir / "engine_steps.parquet")
+    assert steps["t"].is_monotonic_increasing and steps["kv_cache_usage"].iloc[-1] == 0
 
 
 def test_sigterm_keeps_partial_results(vllm_server, tmp_path):

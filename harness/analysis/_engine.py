@@ -63,8 +63,9 @@ def join_engine(
     joined), and how many engine requests joined no client record (the harness's own warm-up,
     other clients of a shared engine).
 
-    Delivery lag (ms) is the client's last byte minus the engine's generation end; KV held
-    after generation (ms) is KV freed minus generation end. Undelivered tokens at a moment are
+    Delivery lag (ms) is the client's last byte minus the engine's generation end, for a
+    client that received the whole stream (NaN for one that never did); KV held after
+    generation (ms) is KV freed minus generation end. Undelivered tokens at a moment are
     the engine's generated tokens minus the tokens of the chunks the client had received by
     then; undelivered bytes are those tokens times the stream's mean wire bytes per token (an
     estimate: the client never sees the bytes it never reads).
@@ -94,7 +95,9 @@ def join_engine(
         out.set_index("request_id")["t_generation_end"],
         out.set_index("request_id")["t_kv_freed"],
     )
-    out["delivery_lag_ms"] = (out["t_last_byte"] - out["t_generation_end"]) * 1000.0
+    complete = out["outcome"] == "complete"
+    lag = (out["t_last_byte"] - out["t_generation_end"]) * 1000.0
+    out["delivery_lag_ms"] = lag.where(complete)
     out["kv_held_after_generation_ms"] = (out["t_kv_freed"] - out["t_generation_end"]) * 1000.0
     generated = idx.map(eng["output_tokens"]).astype(float).to_numpy()
     tokens = chunks.groupby("request_id")["tokens"].sum() if len(chunks) else pd.Series(dtype=float)
@@ -165,7 +168,9 @@ def kv_held_from_requests(
     frame).
 
     A request held KV hostage when its KV was freed more than ``held_min_ms`` after its
-    generation ended while its client still lacked output at generation end. ``held`` if any
+    generation ended while its client still lacked output at generation end (it never
+    received the whole stream, or received it more than ``held_min_ms`` after generation
+    ended). ``held`` if any
     did; ``none`` if some request's KV was freed while its client still lacked output (the
     engine did not wait for delivery); ``not_observed`` if no request had output undelivered
     when its generation ended. Figures: ``kv_held_s`` (the union of the held requests'
@@ -174,9 +179,13 @@ def kv_held_from_requests(
     """
     done = joined[joined["t_kv_freed"].notna() & joined["t_generation_end"].notna()]
     held_ms = done["kv_held_after_generation_ms"]
-    lacking_at_end = done["undelivered_tokens_at_generation_end"] > 0
+    # Output counts as undelivered for a client that never received the whole stream, or
+    # received it more than held_min_ms after generation ended (not just the last bytes in
+    # flight).
+    slow = ~(done["delivery_lag_ms"] <= held_min_ms)
+    lacking_at_end = slow & (done["undelivered_tokens_at_generation_end"] > 0)
     held = done[(held_ms > held_min_ms) & lacking_at_end]
-    lacking_at_free = done[done["undelivered_tokens_at_kv_free"] > 0]
+    lacking_at_free = done[slow & (done["undelivered_tokens_at_kv_free"] > 0)]
     spans = [
         (float(a), float(b))
         for a, b in zip(held["t_generation_end"], held["t_kv_freed"], strict=True)
@@ -197,7 +206,7 @@ def kv_held_from_requests(
         "held_min_ms": held_min_ms,
         "kv_held_s": _union_s(spans),
         "kv_held_peak_perc": max((p for p, _ in usage), default=0.0) * 100.0,
-        "kv_seconds": sum(s for _, s in usage),
+        "kv_seconds": float(sum(s for _, s in usage)),
         "engine_requests_unjoined": unjoined,
     }
 
