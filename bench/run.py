@@ -19,6 +19,7 @@ from pathlib import Path
 
 import proxies as proxy_bench
 from _loadgen_bench import ItlResult, run_itl, run_slow  # bench/ is sys.path[0]
+from _probe_bench import run_trials as run_probe_trials
 
 from harness._sim._bench import run_benchmark
 
@@ -396,11 +397,60 @@ def _itl_bound(results: list[ItlResult], theirs: list[ItlResult]) -> str:
     return text
 
 
+PROBE_TARGET_SLOWDOWN_PCT = 2.0
+
+
+def _probe_section() -> list[str]:
+    repeats, prompts, max_tokens = 3, 32, 900
+    load = _load()
+    trials = run_probe_trials(repeats=repeats, prompts=prompts, max_tokens=max_tokens)
+    rows = [
+        f"| {'on' if t.probe else 'off'} | {t.tokens:,} | {t.tokens_per_s:,.0f} | {t.step_rows:,} |"
+        for t in trials
+    ]
+    off = max(t.tokens_per_s for t in trials if not t.probe)
+    on = max(t.tokens_per_s for t in trials if t.probe)
+    slowdown = (off - on) / off * 100.0
+    met = "met" if slowdown < PROBE_TARGET_SLOWDOWN_PCT else "missed"
+    spread = [t.tokens_per_s for t in trials if not t.probe]
+    noise = (max(spread) - min(spread)) / max(spread) * 100.0
+    command = (
+        f"python bench/_probe_bench.py trials --repeats {repeats} --prompts {prompts} "
+        f"--max-tokens {max_tokens}"
+    )
+    return [
+        "## Engine probe overhead on the tiny model",
+        "",
+        f"Target: vLLM with the engine probe less than {PROBE_TARGET_SLOWDOWN_PCT:g} % slower "
+        "than without. Each trial is a fresh process running vLLM's offline engine "
+        "(`vllm.LLM`, no HTTP server) pinned to core 0, generating "
+        f"{prompts} completions of {max_tokens} tokens (`ignore_eos`) at once after a warm-up; "
+        "tokens/s is generated tokens over the wall time of `LLM.generate`. Trials alternate "
+        "off and on; the best of each side is compared. Step rows: rows of "
+        "`engine_steps.parquet` the probe wrote.",
+        "",
+        f"Command: `{command}`",
+        "",
+        load,
+        "",
+        "| probe | tokens | tokens/s | step rows |",
+        "| --- | ---: | ---: | ---: |",
+        *rows,
+        "",
+        f"- best with the probe {on:,.0f} tokens/s against {off:,.0f} without: "
+        f"{slowdown:+.1f} % slower (negative: faster); target under "
+        f"{PROBE_TARGET_SLOWDOWN_PCT:g} %: {met}. The trials without the probe spread by "
+        f"{noise:.1f} % among themselves: a difference smaller than that is noise.",
+        "",
+    ]
+
+
 SECTIONS = {
     "sim": _sim_section,
     "proxies": _proxy_section,
     "slow": _slow_section,
     "itl": _itl_sections,
+    "probe": _probe_section,
 }
 
 
