@@ -36,7 +36,13 @@ def print_summary(summary: RunSummary, *, run_dir: str, console: Console | None 
     console.print(groups)
     console.print("[dim]latencies in ms; ITL per token; chunk gap = inter-chunk latency[/dim]")
     s = summary.server
-    server = Table(title="server", title_justify="left")
+    source = (
+        f"the engine's own {s.engine_steps:,} steps; scrapes saw peak KV "
+        f"{_f(s.scraped_kv_cache_usage_peak_perc, 1)} %"
+        if s.figures_source == "engine_probe" and s.engine_steps
+        else f"from {s.scrapes} /metrics scrapes"
+    )
+    server = Table(title=f"server ({source})", title_justify="left")
     for col in ("peak KV usage %", "preemptions", "peak running", "peak waiting", "missing"):
         server.add_column(col, justify="right")
     server.add_row(

@@ -57,6 +57,9 @@ class Target(Server):
 
     base_url: str
     served_model_name: str
+    engine_dir: Path | None = None
+    """Where the engine writes its own tables (``harness._engine_probe``), once started;
+    ``None`` when it writes none."""
 
     def start(self, run_dir: Path) -> None:
         """Start (or reach) the server; return when it is ready. Raises

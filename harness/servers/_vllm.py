@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -10,8 +9,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-import harness
-from harness._engine_probe import PROBE_ERROR, STATUS_FILE
+from harness._engine_probe import PROBE_ERROR, STATUS_FILE, read_status
 from harness.servers._base import TARGETS, Target, TargetConfigBase
 from harness.servers._health import TargetError
 from harness.servers._launched import LaunchedTarget
@@ -87,7 +85,7 @@ class VllmTarget(LaunchedTarget):
         if self.server.cpus is not None:
             env.setdefault("VLLM_CPU_OMP_THREADS_BIND", format_cpu_list(self.server.cpus))
         if self.probe_loaded:  # the probe must import from vLLM's interpreter, whichever it is
-            root = str(Path(harness.__file__).resolve().parent.parent)
+            root = str(Path(__file__).resolve().parents[2])  # holds harness/
             path = env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
             env["PYTHONPATH"] = os.pathsep.join(p for p in (root, path) if p)
         return env
@@ -109,6 +107,7 @@ class VllmTarget(LaunchedTarget):
             return
         if not self.probe_loaded:
             return
+        self.engine_dir = run_dir
         status = self._probe_status()
         if status.get("status") != "running":
             why = status.get("reason") or f"the engine wrote no {STATUS_FILE}"
@@ -122,6 +121,7 @@ class VllmTarget(LaunchedTarget):
             raise TargetError(f"{reason}; {PROBE_HELP}") from exc
         self.stop()
         self.probe_loaded, self._probe_note = False, f"fallback: {reason}"
+        self.engine_dir = None
 
     def _probe_error(self) -> str | None:
         """The probe's own error line in the log (it begins with :data:`PROBE_ERROR`)."""
@@ -132,11 +132,7 @@ class VllmTarget(LaunchedTarget):
         return lines[-1].split(f"{PROBE_ERROR}", 1)[1].strip(" :") if lines else None
 
     def _probe_status(self) -> dict[str, Any]:
-        try:
-            data = json.loads((self.run_dir / STATUS_FILE).read_text())
-        except (OSError, ValueError):
-            return {}
-        return data if isinstance(data, dict) else {}
+        return read_status(self.run_dir)
 
     def engine_probe(self) -> dict[str, Any]:
         facts: dict[str, Any] = {"requested": self.config.engine_probe}
