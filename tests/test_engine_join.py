@@ -1,0 +1,153 @@
+"""The per-request join of engine and client records, and the verdict from it (synthetic
+tables; the real engines are in test_vllm_run.py and test_sim_engine_tables.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harness._engine_probe import REQUEST_SCHEMA, STEP_SCHEMA
+from harness.analysis._engine import (
+    combine_verdicts,
+    engine_server_figures,
+    join_engine,
+    kv_held_from_requests,
+    probe_problem,
+    stream_of,
+)
+
+
+def test_stream_of_takes_the_longest_prefix_at_a_dash():
+    streams = {"cmpl-ab", "cmpl-ab-0", "chatcmpl-x"}
+    assert stream_of("cmpl-ab-0-1234abcd", streams) == "cmpl-ab-0"
+    assert stream_of("cmpl-ab-1-1234abcd", streams) == "cmpl-ab"
+    assert stream_of("chatcmpl-x", streams) == "chatcmpl-x"
+    assert stream_of("cmpl-abc-0-1", streams) is None  # not at a dash
+    assert stream_of("other", streams) is None
+
+
+def _client(rid: str, *, outcome: str, last: float, tokens_at: list[float]) -> dict:
+    return {
+        "request_id": rid,
+        "stream_id": f"cmpl-{rid}",
+        "outcome": outcome,
+        "t_last_byte": last,
+        "chunks": tokens_at,
+    }
+
+
+def _frames(clients: list[dict], engine_rows: list[dict]):
+    requests = pd.DataFrame([{k: v for k, v in c.items() if k != "chunks"} for c in clients])
+    chunks = pd.DataFrame(
+        [
+            {"request_id": c["request_id"], "t": t, "tokens": 1, "bytes": 100}
+            for c in clients
+            for t in c["chunks"]
+        ]
+    )
+    base = {name: None for name in REQUEST_SCHEMA.names}
+    engine = pd.DataFrame([{**base, **row} for row in engine_rows])
+    return requests, chunks, engine
+
+
+def _engine(rid: str, *, end: float, freed: float, tokens: int) -> dict:
+    return {
+        "engine_request_id": f"cmpl-{rid}-0-deadbeef",
+        "t_arrival": 0.0,
+        "t_first_scheduled": 0.01,
+        "t_first_token": 0.1,
+        "t_generation_end": end,
+        "t_kv_freed": freed,
+        "finish_reason": "length",
+        "output_tokens": tokens,
+        "preempted_at": [0.5],
+        "resumed_at": [0.6],
+    }
+
+
+def test_a_stalled_client_whose_kv_was_freed_at_generation_end_is_none_held():
+    clients = [
+        _client("fast", outcome="complete", last=1.002, tokens_at=[0.1 * i for i in range(1, 11)]),
+        _client("slow", outcome="client_abort", last=0.3, tokens_at=[0.1, 0.2, 0.3]),
+    ]
+    engine = [
+        _engine("fast", end=1.0, freed=1.0005, tokens=10),
+        _engine("slow", end=1.0, freed=1.0005, tokens=10),
+        {"engine_request_id": "cmpl-warmup-0-1", "t_generation_end": 0.0, "t_kv_freed": 0.0},
+    ]
+    joined, unjoined = join_engine(*_frames(clients, engine))
+    assert unjoined == 1
+    row = joined.set_index("request_id")
+    assert row.loc["fast", "engine_request_id"] == "cmpl-fast-0-deadbeef"
+    assert row.loc["fast", "delivery_lag_ms"] == pytest.approx(2.0)
+    assert np.isnan(row.loc["slow", "delivery_lag_ms"])  # never received the whole stream
+    assert row.loc["slow", "kv_held_after_generation_ms"] == pytest.approx(0.5)
+    assert row.loc["slow", "undelivered_tokens_at_kv_free"] == 7
+    assert row.loc["slow", "undelivered_bytes_at_kv_free"] == pytest.approx(700)
+    assert row.loc["fast", "engine_preemptions"] == 1
+    verdict = kv_held_from_requests(joined, pd.DataFrame(), held_min_ms=100, unjoined=unjoined)
+    assert verdict["status"] == "none"
+    assert verdict["requests"] == 2 and verdict["requests_undelivered_at_kv_free"] == 1
+
+
+def test_kv_freed_only_after_delivery_is_held_with_its_span_and_usage():
+    clients = [_client("slow", outcome="complete", last=5.0, tokens_at=[0.1, 0.2, 5.0])]
+    engine = [_engine("slow", end=1.0, freed=5.0, tokens=3)]
+    joined, _ = join_engine(*_frames(clients, engine))
+    steps = pd.DataFrame(
+        {"t": [0.5, 1.0, 3.0], "kv_cache_usage": [0.2, 0.5, 0.25]}
+    )  # the usage at 1.0 holds until 3.0, then 0.25 until the span ends at 5.0
+    verdict = kv_held_from_requests(joined, steps, held_min_ms=100, unjoined=0)
+    assert verdict["status"] == "held" and verdict["requests_held"] == 1
+    assert verdict["kv_held_s"] == pytest.approx(4.0)
+    assert verdict["kv_held_peak_perc"] == pytest.approx(50.0)
+    assert verdict["kv_seconds"] == pytest.approx(0.5 * 2.0 + 0.25 * 2.0)
+
+
+def test_fast_readers_only_are_not_observed():
+    clients = [_client("a", outcome="complete", last=1.01, tokens_at=[0.5, 1.01])]
+    joined, _ = join_engine(*_frames(clients, [_engine("a", end=1.0, freed=1.0, tokens=2)]))
+    verdict = kv_held_from_requests(joined, pd.DataFrame(), held_min_ms=100, unjoined=0)
+    assert verdict["status"] == "not_observed"
+
+
+def test_combined_verdict_flags_a_disagreement_and_says_scrape_only():
+    scrapes = {"status": "held", "line": "scrape line", "undelivered_peak_bytes": 5,
+               "t_generation_end": 1.0, "window_s": 2.0}  # fmt: skip
+    engine = {"status": "none", "requests": 2, "requests_held": 0,
+              "requests_undelivered_at_kv_free": 1, "undelivered_bytes_at_kv_free": 2e6,
+              "kv_held_after_generation_max_ms": 0.4}  # fmt: skip
+    both = combine_verdicts(engine, scrapes, None)
+    assert both["agreement"] == "disagree" and "DISAGREES" in both["line"]
+    assert both["line"].startswith("KV held by undelivered streams: none held: 2 of 2")
+    alone = combine_verdicts(None, scrapes, "a url target")
+    assert alone["source"] == "scrapes" and alone["line"].endswith("[scrape-only: a url target]")
+
+
+def test_probe_problem_names_why_tables_cannot_be_used():
+    some = pd.DataFrame({"engine_request_id": ["x"]})
+    assert probe_problem(None, some) is not None
+    assert "boom" in str(probe_problem({"status": "failed", "reason": "boom"}, some))
+    assert probe_problem({"status": "running"}, some.iloc[0:0]) is not None
+    assert probe_problem({"status": "running"}, some) is None
+
+
+def test_server_figures_from_steps_count_preemptions_from_the_engine_start():
+    steps = pd.DataFrame(
+        {
+            "t": [1.0, 2.0, 3.0],
+            "step": [0, 1, 2],
+            "kv_cache_usage": [0.5, 1.0, 0.0],
+            "num_requests_running": [3, 4, 0],
+            "num_requests_waiting": [1, 2, 0],
+            "num_preemptions_total": [1, 3, 3],
+            "num_scheduled_tokens": [10, 4, 1],
+        }
+    )
+    assert set(steps.columns) == set(STEP_SCHEMA.names)
+    fig = engine_server_figures(steps)
+    assert fig["kv_cache_usage_peak_perc"] == 100.0 and fig["preemptions"] == 3.0
+    assert fig["running_peak"] == 4.0 and fig["waiting_peak"] == 2.0
+    # A slice of a shared engine's steps: only the rises within it.
+    assert engine_server_figures(steps.iloc[1:].assign(step=[5, 6]))["preemptions"] == 0.0
