@@ -10,14 +10,24 @@ With ``on_delivery``, a finished but undelivered request holds its KV blocks but
 neither in ``vllm:num_requests_running`` nor in ``vllm:num_requests_waiting``;
 ``sim:num_requests_held_for_delivery`` and ``sim:kv_blocks_held_for_delivery`` count them.
 
+Like vLLM with the engine probe, it writes the engine's own tables (``engine_steps.parquet``,
+``engine_requests.parquet``, ``engine_probe.json``; ``results/README.md``) into a folder when
+given one: ``engine_dir`` of ``create_app``/``serve``/``SimServer``, or ``--engine-dir`` /
+``$ZEROWINDOW_ENGINE_DIR`` on the command line. Ids are vLLM's: a stream's ``id`` is
+``cmpl-<X-Request-Id or 16 hex>`` (``chatcmpl-...``), the engine's ``<id>-0-<8 hex>``
+(chat: ``<id>-<8 hex>``).
+
 Public API:
 
 - ``SimConfig``: all settings (frozen pydantic model).
 - ``create_app(config)``: the Starlette ASGI app (serve it with uvicorn).
-- ``serve(config, *, host, port)``: serve in the foreground until SIGINT/SIGTERM.
-- ``SimServer(config, *, host, port=0)``: serve in a background thread (tests, embedding).
+- ``serve(config, *, host, port, engine_dir=None)``: serve in the foreground until
+  SIGINT/SIGTERM.
+- ``SimServer(config, *, host, port=0, engine_dir=None)``: serve in a background thread
+  (tests, embedding).
 
-Command line: ``python -m harness._sim --port 8000 [--kv-release on_delivery] ...``
+Command line: ``python -m harness._sim --port 8000 [--kv-release on_delivery]
+[--engine-dir DIR] ...``
 (``--help`` lists every ``SimConfig`` field).
 """
 

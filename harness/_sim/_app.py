@@ -15,6 +15,10 @@ empty (``_delivery.DeliveryProbe``), or the client is gone, and only then lets t
 release the request's KV blocks. This needs the asyncio transport of the connection, which
 the app takes from uvicorn's ``send`` (``_delivery.transport_from_send``); under another
 ASGI server the blocks are released when the last event has been handed over.
+
+Ids are vLLM's: the response's ``id`` is ``cmpl-`` (``chatcmpl-``) and the ``X-Request-Id``
+header (else the body's ``request_id``, else 16 random hex digits); the engine's id of the
+request begins with it (``_protocol.stream_id``, ``_protocol.engine_request_id``).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import socket
 from collections.abc import AsyncIterator
 from typing import Any
@@ -41,8 +46,10 @@ from harness._sim._protocol import (
     DONE,
     Renderer,
     RequestError,
+    engine_request_id,
     models_body,
     parse_request,
+    stream_id,
     token_text,
 )
 
@@ -223,7 +230,9 @@ async def _generate(request: Request, *, chat: bool) -> Response:
         return _error(RequestError("the request body is not valid JSON"))
     try:
         params = parse_request(body, config, chat=chat)
+        response_id = stream_id(params, request.headers.get("x-request-id"))
         stream = engine.submit(
+            request_id=engine_request_id(response_id, chat=chat),
             prompt_len=params.prompt_len,
             max_tokens=params.max_tokens,
             ignore_eos=params.ignore_eos,
@@ -233,7 +242,7 @@ async def _generate(request: Request, *, chat: bool) -> Response:
         return _error(exc)
     except ValueError as exc:
         return _error(RequestError(str(exc)))
-    renderer = Renderer(params, config.served_model_name)
+    renderer = Renderer(params, config.served_model_name, response_id)
     if params.stream:
         return _EngineStreamingResponse(
             _events(stream, renderer), engine=engine, request_id=stream.request_id
@@ -263,15 +272,21 @@ async def _metrics(request: Request) -> Response:
     return Response(engine.metrics.render(), media_type=CONTENT_TYPE)
 
 
-def create_app(config: SimConfig | None = None) -> SimApp:
+def create_app(
+    config: SimConfig | None = None, *, engine_dir: str | os.PathLike[str] | None = None
+) -> SimApp:
     """Build the emulator's ASGI app (a Starlette subclass) for ``config``.
 
     The engine's step loop starts with the app's lifespan startup (or the first request)
     and stops at lifespan shutdown. Serve it with uvicorn for ``on_delivery`` to couple KV
     to the socket (see the module docstring). The engine is ``app.engine``.
+    ``engine_dir``: where the engine writes its tables (``engine_steps.parquet``,
+    ``engine_requests.parquet``, ``engine_probe.json``); None writes none. They are finished
+    at lifespan shutdown (or ``app.engine.close_tables()``). Raises ``OSError`` if the
+    folder is not writable.
     """
     config = config or SimConfig()
-    engine = SimEngine(config)
+    engine = SimEngine(config, engine_dir=engine_dir)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

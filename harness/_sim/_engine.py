@@ -7,17 +7,21 @@ lags, as vLLM v1's ``RequestOutputCollector`` does (``vllm/v1/engine/output_proc
 the engine never waits on a client. The only coupling to clients is the one asked for by
 ``kv_release="on_delivery"``: the HTTP layer calls ``detach`` once the response has left
 the socket, and only then are a finished request's blocks released.
+
+With ``engine_dir`` set, the engine writes its own tables there (``_recorder``): a row after
+every step, a row per request when its KV blocks are freed for good, and the rest at ``stop``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
+import os
 import time
 
 from harness._sim._config import SimConfig
 from harness._sim._metrics import SimMetrics
+from harness._sim._recorder import EngineRecorder
 from harness._sim._scheduler import Scheduler, SimRequest
 
 
@@ -72,17 +76,23 @@ class SimEngine:
 
     Create it anywhere; the step loop starts with the first ``submit`` (or ``start``) in
     the running event loop and stops with ``stop``. Times are ``time.monotonic()`` seconds
-    (uvloop's ``loop.time()`` only has millisecond resolution).
+    (CLOCK_MONOTONIC, the clock of the client records; uvloop's ``loop.time()`` only has
+    millisecond resolution).
+
+    ``engine_dir``: the folder to write the engine tables into (None: none are written);
+    ``engine_probe.json`` is written at once (``OSError`` if the folder is not writable).
     """
 
-    def __init__(self, config: SimConfig) -> None:
+    def __init__(
+        self, config: SimConfig, *, engine_dir: str | os.PathLike[str] | None = None
+    ) -> None:
         self.config = config
         self.scheduler = Scheduler(config)
         self.metrics = SimMetrics(model_name=config.served_model_name)
+        self.recorder = EngineRecorder(engine_dir) if engine_dir is not None else None
         self._streams: dict[str, RequestStream] = {}
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
-        self._ids = itertools.count()
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -93,12 +103,25 @@ class SimEngine:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="sim-engine")
 
     async def stop(self) -> None:
-        """Cancel the step loop and wait for it."""
+        """Cancel the step loop and wait for it; finish the engine tables (``close_tables``)."""
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        # Streams that the server has just cancelled (shutdown) detach in their next turn.
+        await asyncio.sleep(0)
+        self.close_tables()
+
+    def close_tables(self) -> None:
+        """Write the rows of the requests still alive and the tables' footers (idempotent;
+        call it with the step loop stopped)."""
+        recorder = self.recorder
+        if recorder is None or not recorder.active:
+            return
+        blocks = self.scheduler.blocks
+        alive = [(r, len(blocks.blocks_of(r.request_id))) for r in self.scheduler.requests.values()]
+        recorder.close(alive)
 
     @property
     def streams(self) -> dict[str, RequestStream]:
@@ -108,16 +131,16 @@ class SimEngine:
     # -- requests -----------------------------------------------------------------------
 
     def submit(
-        self, *, prompt_len: int, max_tokens: int, ignore_eos: bool, seed: int
+        self, *, request_id: str, prompt_len: int, max_tokens: int, ignore_eos: bool, seed: int
     ) -> RequestStream:
-        """Queue a request; returns its output collector.
+        """Queue a request under the engine id ``request_id``; returns its output collector.
 
         ``prompt_len`` and ``max_tokens`` are in tokens; ``seed`` seeds its token draws.
-        Raises ``ValueError`` if it cannot fit in ``max_model_len``.
+        Raises ``ValueError`` if it cannot fit in ``max_model_len`` or its id is in use.
         """
         self.start()
         request = SimRequest(
-            request_id=f"sim-{next(self._ids)}",
+            request_id=request_id,
             prompt_len=prompt_len,
             max_tokens=max_tokens,
             ignore_eos=ignore_eos,
@@ -147,8 +170,11 @@ class SimEngine:
         if sched.abort(request_id, now):
             self.metrics.request_success["abort"].inc()
             self.metrics.e2e_request_latency.observe(now - request.arrival_time)
+            freed = True
         else:
-            sched.release(request_id)
+            freed = sched.release(request_id, now)
+        if freed and self.recorder is not None:
+            self.recorder.request(request)
         self._update_gauges()
         self._kick()
 
@@ -177,6 +203,7 @@ class SimEngine:
         wake = self._wake
         assert wake is not None
         streams = self._streams
+        recorder = self.recorder
         while True:
             wake.clear()
             start = clock()
@@ -206,8 +233,12 @@ class SimEngine:
                 if out.finish_reason is not None:
                     m.request_success[out.finish_reason].inc()
                     m.e2e_request_latency.observe(now - request.arrival_time)
+                    if recorder is not None and request.kv_freed_time is not None:
+                        recorder.request(request)  # on_finish: freed in this step
                 stream = streams.get(request.request_id)
                 if stream is not None:
                     stream.put(out.token_id, out.finish_reason)
             m.generation_tokens.inc(generated)
+            if recorder is not None:
+                recorder.step(now, sched, step)
             self._update_gauges()

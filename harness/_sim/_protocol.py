@@ -12,6 +12,9 @@ because the emulator must serve tens of thousands of them per second.
 Token counting stands in for a tokenizer: a prompt has one token per word or punctuation
 mark (at least one); a chat prompt adds 4 tokens per message and 3 for the generation
 prompt, roughly what chat templates add. A list of token ids counts its length.
+
+Request ids follow vLLM 0.32 too (``stream_id``, ``engine_request_id``), so that the engine
+tables' ``engine_request_id`` begins with the stream's ``id`` as it does for vLLM.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ class GenerationParams:
     include_usage: bool
     continuous_usage: bool
     seed: int
+    request_id: str | None = None  # the body's ``request_id`` field, if any
 
 
 def count_tokens(text: str) -> int:
@@ -176,6 +180,10 @@ def parse_request(body: Any, config: SimConfig, *, chat: bool) -> GenerationPara
         include_usage = bool(options.get("include_usage"))
         continuous = include_usage and bool(options.get("continuous_usage_stats"))
 
+    request_id = body.get("request_id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise RequestError("request_id must be a string", param="request_id")
+
     material = f"{config.seed}\0{body.get('seed')}\0{prompt_key}".encode()
     seed = int.from_bytes(hashlib.blake2b(material, digest_size=8).digest(), "big")
     return GenerationParams(
@@ -187,7 +195,36 @@ def parse_request(body: Any, config: SimConfig, *, chat: bool) -> GenerationPara
         include_usage=include_usage,
         continuous_usage=continuous,
         seed=seed,
+        request_id=request_id,
     )
+
+
+def stream_id(params: GenerationParams, x_request_id: str | None) -> str:
+    """The ``id`` of a response (every chunk of a stream), as vLLM 0.32 builds it.
+
+    ``cmpl-`` (``chatcmpl-`` for chat) followed by the ``X-Request-Id`` header when the
+    request has one, else the body's ``request_id``, else 16 random hex digits
+    (``OpenAIServing._base_request_id``, ``vllm/entrypoints/serve/engine/serving.py``;
+    ``vllm.utils.random_uuid``).
+    """
+    base = x_request_id if x_request_id is not None else params.request_id
+    if base is None:
+        base = secrets.token_hex(8)
+    return ("chatcmpl-" if params.chat else "cmpl-") + base
+
+
+def engine_request_id(stream: str, *, chat: bool) -> str:
+    """The engine's internal id of the request whose response id is ``stream``.
+
+    As in vLLM 0.32: a completion's one prompt is sub-request ``<id>-0``
+    (``vllm/entrypoints/openai/completion/serving.py``), a chat request keeps ``<id>``
+    (``chat_completion/serving.py``), and the engine appends ``-`` and 8 random hex digits
+    (``InputProcessor.assign_request_id``, ``vllm/v1/engine/input_processor.py``): e.g.
+    ``cmpl-b701d3b175495128-0-a25ce061`` for the stream ``cmpl-b701d3b175495128`` and
+    ``chatcmpl-b701d3b175495128-5f0c1e2a`` for the stream ``chatcmpl-b701d3b175495128``.
+    """
+    sub = stream if chat else stream + "-0"
+    return f"{sub}-{secrets.token_hex(4)}"
 
 
 def _dumps(obj: Any) -> str:
@@ -204,17 +241,16 @@ class Renderer:
 
     __slots__ = ("params", "request_id", "_head", "_chat", "_p", "_model", "_created")
 
-    def __init__(self, params: GenerationParams, model: str) -> None:
+    def __init__(self, params: GenerationParams, model: str, request_id: str) -> None:
         self.params = params
         self._chat = params.chat
         self._p = params.prompt_len
         self._model = model
-        prefix = "chatcmpl-" if params.chat else "cmpl-"
-        self.request_id = prefix + secrets.token_hex(8)  # vllm.utils.random_uuid: 16 hex
+        self.request_id = request_id  # the response's id (``stream_id``)
         created = self._created = int(time.time())
         obj = "chat.completion.chunk" if params.chat else "text_completion"
         self._head = (
-            f'data: {{"id":"{self.request_id}","object":"{obj}","created":{created},'
+            f'data: {{"id":{_dumps(request_id)},"object":"{obj}","created":{created},'
             f'"model":{_dumps(model)},"choices":'
         )
 

@@ -23,6 +23,10 @@ FCFS policy):
 
 A request's KV slots equal its computed tokens: the token sampled in a step is computed
 (and needs a slot) in the next one, as in vLLM.
+
+Each request keeps the record of its KV life that the engine tables need (``_recorder``):
+when it was preempted and resumed, the most blocks it held, and when and how many blocks were
+freed for good; times are whatever clock the caller passes in.
 """
 
 from __future__ import annotations
@@ -69,8 +73,14 @@ class SimRequest:
     """One generation request as the scheduler sees it.
 
     ``prompt_len`` and ``max_tokens`` are in tokens; times are seconds on the caller's
-    clock (the asyncio loop's ``time()`` in the server, a fake clock in tests).
+    clock (``time.monotonic()`` in the server, a fake clock in tests).
     ``finish_reason`` is one of vLLM's ``stop``, ``length``, ``abort`` once finished.
+
+    KV record: ``admitted_time`` is its first admission, ``resumed_times`` each admission
+    after a preemption (``preempted_times``); ``kv_blocks_peak`` is the most blocks it held at
+    once, as of its last free (blocks only grow between frees); ``kv_freed_time`` and
+    ``kv_blocks_freed`` say when its blocks went back to the pool for good and how many it
+    held then (0 for a request aborted while waiting); None until then.
     """
 
     request_id: str
@@ -88,6 +98,11 @@ class SimRequest:
     first_token_time: float | None = None
     last_token_time: float | None = None
     finished_time: float | None = None
+    preempted_times: list[float] = field(default_factory=list)
+    resumed_times: list[float] = field(default_factory=list)
+    kv_blocks_peak: int = 0
+    kv_freed_time: float | None = None
+    kv_blocks_freed: int | None = None
     _rng: random.Random | None = None
 
     @property
@@ -202,27 +217,38 @@ class Scheduler:
             self.running.remove(request)
         else:
             self.waiting.remove(request)
-        if self.blocks.holds(request_id):
-            self.blocks.free(request_id)
         request.finish_reason = "abort"
         request.finished_time = now
-        request.status = Status.DONE
-        del self.requests[request_id]
+        self._retire(request, now)
         return True
 
-    def release(self, request_id: str) -> bool:
-        """Free the blocks of a HELD request (its response was delivered or abandoned).
+    def release(self, request_id: str, now: float = 0.0) -> bool:
+        """Free the blocks of a HELD request (its response was delivered or abandoned) at
+        time ``now``.
 
         Returns False, doing nothing, if the request is not held.
         """
         request = self.held.pop(request_id, None)
         if request is None:
             return False
-        if self.blocks.holds(request_id):
-            self.blocks.free(request_id)
-        request.status = Status.DONE
-        del self.requests[request_id]
+        self._retire(request, now)
         return True
+
+    def _free_blocks(self, request: SimRequest) -> int:
+        """Return the request's blocks to the pool (if it holds any); how many it held."""
+        if not self.blocks.holds(request.request_id):
+            return 0
+        n = self.blocks.free(request.request_id)
+        if n > request.kv_blocks_peak:
+            request.kv_blocks_peak = n
+        return n
+
+    def _retire(self, request: SimRequest, now: float) -> None:
+        """Free the request's blocks for good at ``now``: it is DONE and forgotten."""
+        request.kv_blocks_freed = self._free_blocks(request)
+        request.kv_freed_time = now
+        request.status = Status.DONE
+        del self.requests[request.request_id]
 
     # -- one step -----------------------------------------------------------------------
 
@@ -254,7 +280,7 @@ class Scheduler:
                 break  # token budget spent; the rest of the batch waits for the next step
             while not blocks.allocate(request.request_id, request.num_tokens):
                 victim = running.pop()
-                self._preempt(victim)
+                self._preempt(victim, now)
                 preempted += 1
                 if victim is request:
                     break
@@ -281,6 +307,8 @@ class Scheduler:
                 request.status = Status.RUNNING
                 if request.admitted_time is None:
                     request.admitted_time = now
+                else:  # only a preemption sends an admitted request back to waiting
+                    request.resumed_times.append(now)
                 running.append(request)
                 scheduled.append(request)
                 budget -= new_tokens
@@ -301,9 +329,9 @@ class Scheduler:
             duration_s=duration_ms / 1000.0,
         )
 
-    def _preempt(self, request: SimRequest) -> None:
-        if self.blocks.holds(request.request_id):
-            self.blocks.free(request.request_id)
+    def _preempt(self, request: SimRequest, now: float) -> None:
+        self._free_blocks(request)
+        request.preempted_times.append(now)
         request.status = Status.WAITING
         request.num_computed_tokens = 0
         request.num_preemptions += 1
@@ -345,9 +373,7 @@ class Scheduler:
                 request.finish_reason = reason
                 request.finished_time = now
                 if on_finish:
-                    self.blocks.free(request.request_id)
-                    request.status = Status.DONE
-                    del self.requests[request.request_id]
+                    self._retire(request, now)
                 else:
                     request.status = Status.HELD
                     self.held[request.request_id] = request

@@ -6,11 +6,15 @@ installed) and a 5 s keep-alive timeout (vLLM's ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``
 Shutdown (SIGTERM, SIGINT, ``SimServer.stop``) is graceful for at most
 ``graceful_shutdown_s``; streams still open then (stalled clients) are cancelled, which
 aborts their requests and releases their KV blocks.
+
+``engine_dir`` (both ways of serving) names the folder the engine writes its tables into
+(``_recorder``); they are finished at shutdown, including a forced one (a second SIGINT).
 """
 
 from __future__ import annotations
 
 import gc
+import os
 import signal
 import socket
 import threading
@@ -66,6 +70,7 @@ def serve(
     port: int = 8000,
     log_level: str = "info",
     loop: Loop = "auto",
+    engine_dir: str | os.PathLike[str] | None = None,
 ) -> None:
     """Serve the emulator on ``host:port`` until SIGINT or SIGTERM (blocking).
 
@@ -76,12 +81,16 @@ def serve(
     Returns after a graceful shutdown. Raises ``SystemExit`` (from uvicorn) if the port
     cannot be bound. Tunes the process's garbage collector for throughput (``serve`` owns
     the process): thousands of open streams make Python's default, frequent collections
-    a large share of the CPU time.
+    a large share of the CPU time. ``engine_dir``: see ``create_app`` (``OSError`` if it is
+    not a writable folder).
     """
-    app = create_app(config)
+    app = create_app(config, engine_dir=engine_dir)
     gc.freeze()  # objects created at import and startup are never collected
     gc.set_threshold(100_000, 50, 100)
-    _Server(_uvicorn_config(app, host=host, port=port, log_level=log_level, loop=loop)).run()
+    try:
+        _Server(_uvicorn_config(app, host=host, port=port, log_level=log_level, loop=loop)).run()
+    finally:
+        app.engine.close_tables()  # done at lifespan shutdown, unless forced or failed
 
 
 class SimServer:
@@ -89,8 +98,10 @@ class SimServer:
 
     Use as a context manager (``with SimServer(cfg) as srv: srv.url``) or call
     ``start``/``stop``. ``port`` is known as soon as the object exists (the listening
-    socket is bound in ``__init__``). Raises ``OSError`` if binding fails and
-    ``RuntimeError`` if the server does not start within ``start_timeout_s`` seconds.
+    socket is bound in ``__init__``). ``engine_dir``: the folder for the engine tables (see
+    ``create_app``), finished by ``stop``. Raises ``OSError`` if binding fails or
+    ``engine_dir`` is not writable, and ``RuntimeError`` if the server does not start within
+    ``start_timeout_s`` seconds.
     """
 
     def __init__(
@@ -102,9 +113,10 @@ class SimServer:
         log_level: str = "warning",
         loop: Loop = "auto",
         start_timeout_s: float = 10.0,
+        engine_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.config = config or SimConfig()
-        self.app = create_app(self.config)
+        self.app = create_app(self.config, engine_dir=engine_dir)
         self._sock = socket.create_server((host, port), backlog=2048)
         self.host = host
         self.port: int = self._sock.getsockname()[1]
@@ -143,11 +155,15 @@ class SimServer:
         return self
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Shut down (graceful for 2 s, then open streams are cancelled) and join."""
+        """Shut down (graceful for 2 s, then open streams are cancelled) and join; the
+        engine tables are finished (unless the server thread is still running after
+        ``timeout_s`` seconds)."""
         self._server.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout_s)
         self._sock.close()
+        if self._thread is None or not self._thread.is_alive():
+            self.app.engine.close_tables()
 
     def __enter__(self) -> SimServer:
         return self.start()

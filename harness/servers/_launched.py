@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from typing import Any, ClassVar
 
+from harness._engine_probe import ENGINE_DIR_ENV
 from harness.servers._base import Target
 from harness.servers._health import TargetError, free_port
 from harness.servers._process import ServerProcess
@@ -49,9 +50,12 @@ class LaunchedTarget(Target):
         return {"HF_HUB_OFFLINE": "1", **getattr(self.config, "env", {})}
 
     def start(self, run_dir: Path) -> None:
+        """Launch the server with :meth:`launch_env` and ``ZEROWINDOW_ENGINE_DIR`` set to the
+        run folder (absolute), where an engine that writes its own tables (the emulator, vLLM
+        with the engine probe) puts them; the run folder wins over a configured value."""
         self.argv = self.build_argv()
         self.log_path = run_dir / self.log_name
-        env = self.launch_env()
+        env = {**self.launch_env(), ENGINE_DIR_ENV: str(run_dir.resolve())}
         try:
             self.server.launch(
                 self.argv,
