@@ -233,6 +233,8 @@ def test_on_delivery_frees_kv_when_the_stalled_client_leaves(tmp_path: Path) -> 
     computed = sum(r["prompt_tokens"] + r["output_tokens"] - 1 for r in requests)
     assert sum(s["num_scheduled_tokens"] for s in steps) == computed
     assert steps[-1]["num_requests_running"] == 0 and steps[-1]["num_preemptions_total"] == 0
+    # The free on delivery, between steps, has its own row: KV back at 0.
+    assert steps[-1]["kv_cache_usage"] == 0 and steps[-1]["num_scheduled_tokens"] == 0
 
 
 def test_on_finish_frees_kv_in_the_last_step(tmp_path: Path) -> None:

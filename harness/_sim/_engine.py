@@ -175,6 +175,7 @@ class SimEngine:
             freed = sched.release(request_id, now)
         if freed and self.recorder is not None:
             self.recorder.request(request)
+            self.recorder.step(now, sched, None)
         self._update_gauges()
         self._kick()
 

@@ -79,10 +79,12 @@ class EngineRecorder:
         """Whether rows are still being recorded (not closed, no failure)."""
         return self._tables is not None
 
-    def step(self, now: float, sched: Scheduler, step: ScheduledStep) -> None:
+    def step(self, now: float, sched: Scheduler, step: ScheduledStep | None) -> None:
         """The row of ``step``, completed at ``now`` (monotonic s): the scheduler's state
         after ``complete`` (KV usage 0..1, requests running and waiting, preemptions so far)
-        and the tokens the step computed (prefill + one per decoding sequence)."""
+        and the tokens the step computed (prefill + one per decoding sequence). ``None``: the
+        state after KV was freed between steps (0 tokens), so that the steps' KV usage falls
+        when held blocks are released on delivery."""
         tables = self._tables
         if tables is None:
             return
@@ -93,7 +95,9 @@ class EngineRecorder:
                 running=sched.num_running,
                 waiting=sched.num_waiting,
                 preemptions_total=sched.num_preemptions_total,
-                scheduled_tokens=step.num_prefill_tokens + step.num_decode_seqs,
+                scheduled_tokens=0
+                if step is None
+                else step.num_prefill_tokens + step.num_decode_seqs,
             )
         except Exception as exc:  # noqa: BLE001 - recording never stops the engine
             self._fail(exc)
