@@ -224,7 +224,7 @@ def engine_verdict_line(v: dict[str, Any]) -> str:
     if v["status"] == "held":
         return (
             f"{head}: HELD: {held} of {n} requests kept their KV after their last generated "
-            f"token until their output was delivered (up to "
+            f"token while their output sat undelivered (up to "
             f"{v['kv_held_after_generation_max_ms']:.0f} ms; {v['kv_held_s']:.1f} s in all, "
             f"peak KV {v['kv_held_peak_perc']:.1f} %)"
         )
