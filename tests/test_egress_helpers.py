@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.test_sim_helpers import CLIENT
 
-_VOLATILE = re.compile(rb'"id":"(?:chat)?cmpl-[0-9a-f]+"|"created":\d+')
+_VOLATILE = re.compile(rb'"id":"(?:chat)?cmpl-[0-9a-f-]+"|"created":\d+')
 
 
 def mask_volatile(body: bytes) -> bytes:

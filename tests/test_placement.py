@@ -82,7 +82,10 @@ def test_a_server_and_what_it_forks_run_on_its_set(tmp_path):
     )
     try:
         deadline = time.monotonic() + 10
-        while not (tmp_path / "child").exists() and time.monotonic() < deadline:
+        pid_file = tmp_path / "child"
+        while time.monotonic() < deadline and not (
+            pid_file.exists() and pid_file.read_text().endswith("\n")
+        ):  # the shell may not have finished writing it
             time.sleep(0.05)
         child = int((tmp_path / "child").read_text())
         assert os.sched_getaffinity(proc.pid) == {CPUS[0]}

@@ -67,9 +67,8 @@ class VllmTarget(LaunchedTarget):
 
     def __init__(self, config: VllmTargetConfig) -> None:
         super().__init__(config)
-        self.probe_loaded = (
-            config.engine_probe != "off" and "--scheduler-cls" not in config.extra_args
-        )
+        own = any(a.split("=")[0] == "--scheduler-cls" for a in config.extra_args)
+        self.probe_loaded = config.engine_probe != "off" and not own
         self._probe_note: str | None = None  # why the probe did not run, when it did not
         if config.engine_probe == "off":
             self._probe_note = 'off ([target] engine_probe = "off")'

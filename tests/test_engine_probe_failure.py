@@ -1,0 +1,108 @@
+"""A probe that cannot load: refused with a clear message, and the vllm target's answer to it
+(fail the start, or fall back to scrape-only when the scenario allows it)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness._engine_probe import PROBE_ERROR, write_status
+from harness.servers import VllmTargetConfig
+from harness.servers._launched import LaunchedTarget
+from harness.servers._vllm import PROBE_CLASS, VllmTarget
+from tests.conftest import REPO, vllm_available
+from zwcore import TargetError
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed")
+def test_a_vllm_without_a_hooked_method_refuses_the_probe_by_name():
+    code = (
+        "import vllm.v1.core.sched.scheduler as s\n"
+        "del s.Scheduler._free_request_blocks\n"
+        "import harness._engine_probe._vllm_scheduler\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300
+    )
+    assert done.returncode != 0
+    assert f"ImportError: {PROBE_ERROR}: vLLM" in done.stderr
+    assert "Scheduler._free_request_blocks" in done.stderr
+
+
+class _Launches:
+    """Stands in for the process launch only: each call appends the argv it would run and
+    does what the next item of ``outcomes`` says (write a log line and fail, write a probe
+    status, or succeed)."""
+
+    def __init__(self, outcomes: list[str]) -> None:
+        self.outcomes = outcomes
+        self.argvs: list[list[str]] = []
+
+    def __call__(self, target: VllmTarget, run_dir: Path) -> None:
+        target.argv = target.build_argv()
+        target.log_path = run_dir / target.log_name
+        self.argvs.append(target.argv)
+        outcome = self.outcomes.pop(0)
+        if outcome == "import_error":
+            with open(target.log_path, "a") as log:
+                log.write(f"ImportError: {PROBE_ERROR}: vLLM 9.9 has no Scheduler.schedule\n")
+            raise TargetError("vLLM exited with code 1")
+        if outcome == "probe_failed":
+            write_status(run_dir, engine="vllm", status="failed", reason="disk full")
+        if outcome == "probe_running":
+            write_status(run_dir, engine="vllm", status="running", base_class="x")
+
+
+def _target(monkeypatch, tmp_path, mode: str, outcomes: list[str]) -> tuple[VllmTarget, _Launches]:
+    launches = _Launches(outcomes)
+    monkeypatch.setattr(LaunchedTarget, "start", lambda self, run_dir: launches(self, run_dir))
+    monkeypatch.setattr(VllmTarget, "stop", lambda self: None)
+    config = VllmTargetConfig(kind="vllm", model=str(tmp_path), engine_probe=mode)
+    return VllmTarget(config), launches
+
+
+def test_on_fails_the_start_naming_the_probe_and_the_switches(monkeypatch, tmp_path):
+    target, launches = _target(monkeypatch, tmp_path, "on", ["import_error"])
+    with pytest.raises(TargetError) as err:
+        target.start(tmp_path)
+    message = str(err.value)
+    assert "engine probe could not load" in message and "Scheduler.schedule" in message
+    assert 'engine_probe = "fallback"' in message and '"off"' in message
+    assert PROBE_CLASS in launches.argvs[0]
+
+
+def test_fallback_restarts_without_the_probe_and_says_why(monkeypatch, tmp_path):
+    target, launches = _target(monkeypatch, tmp_path, "fallback", ["import_error", "plain"])
+    target.start(tmp_path)
+    assert PROBE_CLASS in launches.argvs[0] and PROBE_CLASS not in launches.argvs[1]
+    facts = target.engine_probe()
+    assert facts["status"] == "not_run" and facts["requested"] == "fallback"
+    assert "could not load" in facts["reason"] and target.engine_dir is None
+
+
+def test_a_probe_that_reports_failure_at_start_is_not_trusted(monkeypatch, tmp_path):
+    target, _ = _target(monkeypatch, tmp_path, "on", ["probe_failed"])
+    with pytest.raises(TargetError, match="disk full"):
+        target.start(tmp_path)
+    target, launches = _target(monkeypatch, tmp_path, "fallback", ["probe_failed", "plain"])
+    target.start(tmp_path)
+    assert len(launches.argvs) == 2 and "disk full" in target.engine_probe()["reason"]
+
+
+def test_a_running_probe_is_recorded_and_off_loads_none(monkeypatch, tmp_path):
+    target, _ = _target(monkeypatch, tmp_path, "on", ["probe_running"])
+    target.start(tmp_path)
+    facts = target.engine_probe()
+    assert facts["status"] == "running" and target.engine_dir == tmp_path
+    off, launches = _target(monkeypatch, tmp_path / "off", "off", ["plain"])
+    (tmp_path / "off").mkdir()
+    off.start(tmp_path / "off")
+    assert PROBE_CLASS not in launches.argvs[0] and off.engine_probe()["status"] == "not_run"
+    own = VllmTarget(
+        VllmTargetConfig(kind="vllm", model="m", extra_args=["--scheduler-cls=my.Sched"])
+    )
+    assert not own.probe_loaded and "--scheduler-cls" in own.engine_probe()["reason"]
