@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any, ClassVar
 
-from harness._engine_probe import ENGINE_DIR_ENV
+from harness._engine_probe import ENGINE_DIR_ENV, STATUS_FILE, read_status
 from harness.servers._base import Target
 from harness.servers._health import TargetError, free_port
 from harness.servers._process import ServerProcess
@@ -36,6 +36,8 @@ class LaunchedTarget(Target):
         self.argv: list[str] = []
         self._log_offset = 0
         self._dead: str | None = None
+        self.probe_requested = "on"  # the engine writes its own tables (a subclass may differ)
+        self.probe_note: str | None = None  # why it does not, when it does not
 
     def build_argv(self) -> list[str]:
         raise NotImplementedError
@@ -100,6 +102,18 @@ class LaunchedTarget(Target):
 
     def stop(self) -> None:
         self.server.stop(grace_s=self.config.stop_grace_s)
+
+    def engine_probe(self) -> dict[str, Any]:
+        """``run.json``'s ``engine_probe``: ``requested`` (the target's setting) and the
+        engine's ``engine_probe.json`` once it started writing its tables (``engine_dir``),
+        else ``not_run`` with ``probe_note``, why not."""
+        facts: dict[str, Any] = {"requested": self.probe_requested}
+        if self.engine_dir is None:
+            return {**facts, "status": "not_run", "reason": self.probe_note or "not started"}
+        status = read_status(self.engine_dir)
+        if not status:
+            return {**facts, "status": "failed", "reason": f"the engine wrote no {STATUS_FILE}"}
+        return {**facts, **status}
 
     def describe(self) -> dict[str, Any]:
         return {

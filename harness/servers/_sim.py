@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from harness._engine_probe import STATUS_FILE, read_status
 from harness._sim import SimConfig
 from harness.servers._base import TARGETS, Target, TargetConfigBase
 from harness.servers._launched import LaunchedTarget
@@ -45,17 +44,6 @@ class SimTarget(LaunchedTarget):
     def start(self, run_dir: Path) -> None:
         super().start(run_dir)
         self.engine_dir = run_dir
-
-    def engine_probe(self) -> dict[str, Any]:
-        """``run.json``'s ``engine_probe``: the emulator writes its tables natively (there is
-        nothing to load, so ``requested`` is always ``on``); its ``engine_probe.json``."""
-        facts: dict[str, Any] = {"requested": "on"}
-        if self.engine_dir is None:
-            return {**facts, "status": "not_run", "reason": "the emulator was not started"}
-        status = read_status(self.engine_dir)
-        if not status:
-            return {**facts, "status": "failed", "reason": f"the emulator wrote no {STATUS_FILE}"}
-        return {**facts, **status}
 
     def build_argv(self) -> list[str]:
         argv = [sys.executable, "-m", "harness._sim", "--host", self.config.host]

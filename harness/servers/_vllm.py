@@ -69,11 +69,11 @@ class VllmTarget(LaunchedTarget):
         super().__init__(config)
         own = any(a.split("=")[0] == "--scheduler-cls" for a in config.extra_args)
         self.probe_loaded = config.engine_probe != "off" and not own
-        self._probe_note: str | None = None  # why the probe did not run, when it did not
+        self.probe_requested = config.engine_probe
         if config.engine_probe == "off":
-            self._probe_note = 'off ([target] engine_probe = "off")'
+            self.probe_note = 'off ([target] engine_probe = "off")'
         elif not self.probe_loaded:
-            self._probe_note = "extra_args set their own --scheduler-cls"
+            self.probe_note = "extra_args set their own --scheduler-cls"
 
     def launch_env(self) -> dict[str, str]:
         """As for any launched target, plus, when the run placed the target on CPUs, vLLM's
@@ -94,7 +94,6 @@ class VllmTarget(LaunchedTarget):
         cannot load, or that reports a failure at start, fails the start with the reason, or
         with ``fallback`` restarts vLLM without it (the run is then scrape-only). Raises
         :class:`~zwcore.TargetError`."""
-        self.run_dir = run_dir
         try:
             super().start(run_dir)
         except TargetError as exc:
@@ -107,7 +106,7 @@ class VllmTarget(LaunchedTarget):
         if not self.probe_loaded:
             return
         self.engine_dir = run_dir
-        status = self._probe_status()
+        status = read_status(run_dir)
         if status.get("status") != "running":
             why = status.get("reason") or f"the engine wrote no {STATUS_FILE}"
             self.stop()
@@ -119,7 +118,7 @@ class VllmTarget(LaunchedTarget):
         if self.config.engine_probe != "fallback":
             raise TargetError(f"{reason}; {PROBE_HELP}") from exc
         self.stop()
-        self.probe_loaded, self._probe_note = False, f"fallback: {reason}"
+        self.probe_loaded, self.probe_note = False, f"fallback: {reason}"
         self.engine_dir = None
 
     def _probe_error(self) -> str | None:
@@ -130,14 +129,9 @@ class VllmTarget(LaunchedTarget):
                  if PROBE_ERROR in ln]  # fmt: skip
         return lines[-1].split(f"{PROBE_ERROR}", 1)[1].strip(" :") if lines else None
 
-    def _probe_status(self) -> dict[str, Any]:
-        return read_status(self.run_dir)
-
     def engine_probe(self) -> dict[str, Any]:
-        facts: dict[str, Any] = {"requested": self.config.engine_probe}
-        if not self.probe_loaded:
-            return {**facts, "status": "not_run", "reason": self._probe_note}
-        return {**facts, "scheduler_cls": PROBE_CLASS, **self._probe_status()}
+        facts = super().engine_probe()
+        return {**facts, "scheduler_cls": PROBE_CLASS} if self.probe_loaded else facts
 
     def build_argv(self) -> list[str]:
         model = self.config.model
