@@ -28,13 +28,17 @@ PROBE = "harness._engine_probe._vllm_scheduler.EngineProbe"
 
 @dataclass(frozen=True)
 class ProbeTrial:
-    """One trial: ``probe`` on or off, generated tokens, tokens/s, and how many step rows the
-    probe wrote (0 when off)."""
+    """One trial: ``probe`` on or off, generated tokens, tokens/s, the wall time of the timed
+    ``generate`` (s), how many step rows the probe wrote, and the CPU time (s) the probe
+    measured for itself over the engine's whole life (``engine_probe.json`` ``cost``: its code
+    on the engine thread plus its flushing thread; 0 when off)."""
 
     probe: bool
     tokens: int
     tokens_per_s: float
+    generate_s: float
     step_rows: int
+    probe_cpu_s: float
 
 
 def _one(probe: bool, prompts: int, max_tokens: int, model: str) -> dict[str, float]:
@@ -53,7 +57,7 @@ def _one(probe: bool, prompts: int, max_tokens: int, model: str) -> dict[str, fl
     outputs = llm.generate(texts, params, use_tqdm=False)
     elapsed = time.perf_counter() - t0
     tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-    return {"tokens": tokens, "tokens_per_s": tokens / elapsed}
+    return {"tokens": tokens, "tokens_per_s": tokens / elapsed, "generate_s": elapsed}
 
 
 def trial(probe: bool, *, prompts: int, max_tokens: int, model: str, cpu: int) -> ProbeTrial:
@@ -75,13 +79,17 @@ def trial(probe: bool, *, prompts: int, max_tokens: int, model: str, cpu: int) -
         if done.returncode != 0 or not lines:
             raise RuntimeError(f"probe bench trial failed: {done.stderr[-2000:]}")
         result = json.loads(lines[-1])
-        steps = Path(tmp) / "engine_steps.parquet"
-        rows = 0
-        if steps.exists():
+        rows, cpu_s = 0, 0.0
+        if probe:
             import pandas as pd
 
-            rows = len(pd.read_parquet(steps))
-    return ProbeTrial(probe, int(result["tokens"]), float(result["tokens_per_s"]), rows)
+            rows = len(pd.read_parquet(Path(tmp) / "engine_steps.parquet"))
+            cost = json.loads((Path(tmp) / "engine_probe.json").read_text())["cost"]
+            cpu_s = float(cost["engine_thread_s"]) + float(cost["flush_thread_s"])
+    return ProbeTrial(
+        probe, int(result["tokens"]), float(result["tokens_per_s"]), float(result["generate_s"]),
+        rows, cpu_s,
+    )  # fmt: skip
 
 
 def run_trials(

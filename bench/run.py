@@ -405,15 +405,22 @@ def _probe_section() -> list[str]:
     load = _load()
     trials = run_probe_trials(repeats=repeats, prompts=prompts, max_tokens=max_tokens)
     rows = [
-        f"| {'on' if t.probe else 'off'} | {t.tokens:,} | {t.tokens_per_s:,.0f} | {t.step_rows:,} |"
+        f"| {'on' if t.probe else 'off'} | {t.tokens:,} | {t.tokens_per_s:,.0f} | "
+        f"{t.generate_s:.2f} | {t.step_rows:,} | "
+        + (
+            f"{t.probe_cpu_s:.3f} | {t.probe_cpu_s / t.generate_s * 100:.2f} |"
+            if t.probe
+            else "- | - |"
+        )
         for t in trials
     ]
-    off = max(t.tokens_per_s for t in trials if not t.probe)
-    on = max(t.tokens_per_s for t in trials if t.probe)
-    slowdown = (off - on) / off * 100.0
-    met = "met" if slowdown < PROBE_TARGET_SLOWDOWN_PCT else "missed"
-    spread = [t.tokens_per_s for t in trials if not t.probe]
-    noise = (max(spread) - min(spread)) / max(spread) * 100.0
+    off = sorted(t.tokens_per_s for t in trials if not t.probe)
+    on = sorted(t.tokens_per_s for t in trials if t.probe)
+    median_off, median_on = off[len(off) // 2], on[len(on) // 2]
+    ab = (median_off - median_on) / median_off * 100.0
+    noise = (off[-1] - off[0]) / off[-1] * 100.0
+    cost = max(t.probe_cpu_s / t.generate_s * 100.0 for t in trials if t.probe)
+    met = "met" if cost < PROBE_TARGET_SLOWDOWN_PCT else "missed"
     command = (
         f"python bench/_probe_bench.py trials --repeats {repeats} --prompts {prompts} "
         f"--max-tokens {max_tokens}"
@@ -426,21 +433,25 @@ def _probe_section() -> list[str]:
         "(`vllm.LLM`, no HTTP server) pinned to core 0, generating "
         f"{prompts} completions of {max_tokens} tokens (`ignore_eos`) at once after a warm-up; "
         "tokens/s is generated tokens over the wall time of `LLM.generate`. Trials alternate "
-        "off and on; the best of each side is compared. Step rows: rows of "
-        "`engine_steps.parquet` the probe wrote.",
+        "off and on. Probe CPU is what the probe measured for itself over the engine's whole "
+        "life (`engine_probe.json` `cost`: its code on the engine thread, timed around each "
+        "hook, plus its flushing thread's CPU time), shown as a share of the timed generate "
+        "(an upper bound: it includes start-up and warm-up).",
         "",
         f"Command: `{command}`",
         "",
         load,
         "",
-        "| probe | tokens | tokens/s | step rows |",
-        "| --- | ---: | ---: | ---: |",
+        "| probe | tokens | tokens/s | generate s | step rows | probe CPU s | probe CPU % |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
         *rows,
         "",
-        f"- best with the probe {on:,.0f} tokens/s against {off:,.0f} without: "
-        f"{slowdown:+.1f} % slower (negative: faster); target under "
-        f"{PROBE_TARGET_SLOWDOWN_PCT:g} %: {met}. The trials without the probe spread by "
-        f"{noise:.1f} % among themselves: a difference smaller than that is noise.",
+        f"- probe CPU at most {cost:.2f} % of the generate time; target under "
+        f"{PROBE_TARGET_SLOWDOWN_PCT:g} %: {met}.",
+        f"- tokens/s, median with the probe {median_on:,.0f} against {median_off:,.0f} "
+        f"without ({ab:+.1f} %, positive: slower). The trials without the probe spread by "
+        f"{noise:.1f} % among themselves on this shared machine, so this comparison cannot "
+        "resolve a 2 % difference here; the probe's own CPU time is the figure that can.",
         "",
     ]
 

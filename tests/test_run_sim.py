@@ -70,12 +70,22 @@ def test_on_delivery_is_reported_held(runs):
     assert verdict["kv_held_s"] >= 5 and verdict["kv_seconds"] > 1
     assert verdict["undelivered_peak_bytes"] > 0
     assert "HELD" in verdict["line"]
+    # From the engine's own records, through the same analysis as vLLM's, and the scrapes
+    # agree: the stalled streams' KV outlived their generation.
+    assert verdict["source"] == "engine_probe" and verdict["agreement"] == "agree", verdict
+    assert verdict["requests_held"] >= 1 and verdict["engine_requests_unjoined"] == 0
+    requests = pd.read_parquet(runs["on_delivery"].run_dir / "requests.parquet")
+    assert requests["engine_request_id"].notna().all()
+    held = requests[requests["kv_held_after_generation_ms"] > 1000]
+    assert len(held) and (held["outcome"] != "complete").all()  # the stalled ones
 
 
 def test_on_finish_is_reported_none_held(runs):
     verdict = _verdict(runs["on_finish"])
     assert verdict["status"] == "none", verdict
     assert verdict["window_s"] >= 2
+    assert verdict["source"] == "engine_probe" and verdict["requests_held"] == 0
+    assert verdict["kv_held_after_generation_max_ms"] < 100
 
 
 def test_held_kv_delays_fast_readers_and_causes_preemptions(runs):

@@ -135,6 +135,7 @@ action = { kind = "stop_reading", after_tokens = 8, hold_s = 12 }
     assert (slow["kv_held_after_generation_ms"] < 100).all(), slow["kv_held_after_generation_ms"]
     assert (slow["undelivered_tokens_at_kv_free"] > 100).all()
     assert verdict["requests_undelivered_at_kv_free"] >= 4  # a fast stream may lag too
+    assert verdict["engine_requests_unjoined"] == 0
     assert f"{len(requests)} of {len(requests)} requests freed KV" in verdict["line"]
     server = result.summary.server
     assert server.figures_source == "engine_probe" and server.engine_steps > 100

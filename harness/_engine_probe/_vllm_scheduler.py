@@ -112,28 +112,33 @@ class _ProbeMixin:
         super().__init__(*args, **kwargs)
         self._zw_tables = None
         self._zw_lives = {}
+        self._zw_unscheduled: set[str] = set()  # waiting for their first schedule or a resume
+        self._zw_tokenless: set[str] = set()  # scheduled, no output token yet
         self._zw_preemptions = 0
+        self._zw_cost_s = 0.0  # time the engine's thread spent in the probe's own code
         self._zw_lock = threading.Lock()
         out_dir = os.environ.get(ENGINE_DIR_ENV)
         if not out_dir:
             return
         self._zw_dir = out_dir
         base = type(self).__mro__[2]
+        self._zw_facts = {
+            "engine": "vllm",
+            "status": "running",
+            "base_class": f"{base.__module__}.{base.__qualname__}",
+            "engine_version": vllm.__version__,
+        }
         try:
-            self._zw_tables = EngineTables(out_dir, on_error=self._zw_fail)
-            write_status(
-                out_dir,
-                engine="vllm",
-                status="running",
-                base_class=f"{base.__module__}.{base.__qualname__}",
-                engine_version=vllm.__version__,
+            write_status(out_dir, **self._zw_facts)
+            self._zw_tables = EngineTables(
+                out_dir, on_error=self._zw_fail, on_flush=self._zw_report_cost
             )
         except Exception as exc:  # noqa: BLE001 - any failure: say so, never stop the engine
             self._zw_fail(exc)
             return
         atexit.register(self._zw_close)
 
-    # -- failure and end ------------------------------------------------------------------
+    # -- failure, cost and end ------------------------------------------------------------
 
     def _zw_fail(self, exc: BaseException) -> None:
         """Stop recording and say why in ``engine_probe.json``; the engine runs on."""
@@ -142,10 +147,22 @@ class _ProbeMixin:
             tables.close_quietly()
         reason = f"{PROBE_ERROR} failed: {type(exc).__name__}: {exc}"
         try:
-            write_status(self._zw_dir, engine="vllm", status="failed", reason=reason,
-                         engine_version=vllm.__version__)  # fmt: skip
+            write_status(self._zw_dir, **{**self._zw_facts, "status": "failed", "reason": reason})
         except OSError:
             pass
+
+    def _zw_report_cost(self, tables: EngineTables) -> None:
+        """After each flush: ``engine_probe.json`` gains the probe's cost so far (seconds of
+        the engine thread in the probe's code, seconds of the flushing thread, steps)."""
+        write_status(
+            self._zw_dir,
+            **self._zw_facts,
+            cost={
+                "engine_thread_s": round(self._zw_cost_s, 6),
+                "flush_thread_s": round(tables.flush_s, 6),
+                "steps": tables.steps_recorded,
+            },
+        )
 
     def _zw_close(self) -> None:
         with self._zw_lock:
@@ -156,7 +173,7 @@ class _ProbeMixin:
                 for life in self._zw_lives.values():  # alive when the engine stopped
                     tables.request(life.row(None, None))
                 self._zw_lives.clear()
-                tables.close()
+                tables.close()  # its last flush reports the cost
             except Exception as exc:  # noqa: BLE001
                 self._zw_fail(exc)
 
@@ -168,24 +185,32 @@ class _ProbeMixin:
 
     def add_request(self, request: Any) -> None:
         super().add_request(request)  # type: ignore[misc]
-        if self._zw_tables is not None and request.request_id not in self._zw_lives:
-            self._zw_lives[request.request_id] = _RequestLife(request, time.monotonic())
+        req_id = request.request_id
+        if self._zw_tables is not None and req_id not in self._zw_lives:
+            t0 = time.perf_counter()
+            self._zw_lives[req_id] = _RequestLife(request, time.monotonic())
+            self._zw_unscheduled.add(req_id)
+            self._zw_tokenless.add(req_id)
+            self._zw_cost_s += time.perf_counter() - t0
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         output = super().schedule(*args, **kwargs)  # type: ignore[misc]
-        if self._zw_tables is not None:
+        if self._zw_tables is not None and self._zw_unscheduled:
+            t0 = time.perf_counter()
             try:
                 now = time.monotonic()
-                for req_id in output.num_scheduled_tokens:
+                for req_id in self._zw_unscheduled.intersection(output.num_scheduled_tokens):
+                    self._zw_unscheduled.discard(req_id)
                     life = self._zw_lives.get(req_id)
                     if life is None:
                         continue
                     if life.t_first_scheduled is None:
                         life.t_first_scheduled = now
-                    elif len(life.resumed_at) < len(life.preempted_at):
+                    else:
                         life.resumed_at.append(now)
             except Exception as exc:  # noqa: BLE001
                 self._zw_fail(exc)
+            self._zw_cost_s += time.perf_counter() - t0
         return output
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
@@ -193,13 +218,19 @@ class _ProbeMixin:
         tables = self._zw_tables
         if tables is None:
             return outputs
+        t0 = time.perf_counter()
         try:
             now = time.monotonic()
-            for req_id in scheduler_output.num_scheduled_tokens:
-                life = self._zw_lives.get(req_id)
-                if life is not None and life.t_first_token is None:
-                    if life.request.num_output_tokens > 0:
+            if self._zw_tokenless:
+                for req_id in self._zw_tokenless.intersection(
+                    scheduler_output.num_scheduled_tokens
+                ):
+                    life = self._zw_lives.get(req_id)
+                    if life is None:
+                        self._zw_tokenless.discard(req_id)
+                    elif life.request.num_output_tokens > 0:
                         life.t_first_token = now
+                        self._zw_tokenless.discard(req_id)
             running, waiting = self.get_request_counts()  # type: ignore[attr-defined]
             tables.step(
                 now,
@@ -211,6 +242,7 @@ class _ProbeMixin:
             )
         except Exception as exc:  # noqa: BLE001
             self._zw_fail(exc)
+        self._zw_cost_s += time.perf_counter() - t0
         return outputs
 
     def _preempt_request(self, request: Any, *args: Any, **kwargs: Any) -> None:
@@ -219,6 +251,7 @@ class _ProbeMixin:
         life = self._zw_lives.get(request.request_id)
         if life is not None:
             life.preempted_at.append(time.monotonic())
+            self._zw_unscheduled.add(request.request_id)
 
     def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
         life = self._zw_lives.get(request.request_id)
@@ -240,6 +273,8 @@ class _ProbeMixin:
         if life is None or not request.is_finished():
             return  # a preemption: the blocks come back, the request lives on
         del self._zw_lives[request.request_id]
+        self._zw_unscheduled.discard(request.request_id)
+        self._zw_tokenless.discard(request.request_id)
         tables = self._zw_tables
         if tables is not None:
             try:

@@ -26,9 +26,9 @@ from harness._engine_probe import (
     compact_dataset,
 )
 
-FLUSH_WAIT_S = 1.2
+FLUSH_WAIT_S = 2.5
 """How long to wait, after the load ended, for a running engine to write its last rows (it
-writes every 0.5 s: ``EngineTables.flush_interval_s``)."""
+writes every 2 s: ``EngineTables.flush_interval_s``)."""
 
 
 def _read(path: Path, schema: pa.Schema) -> pd.DataFrame:
