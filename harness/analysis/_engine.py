@@ -229,7 +229,8 @@ def engine_verdict_line(v: dict[str, Any]) -> str:
             f"peak KV {v['kv_held_peak_perc']:.1f} %)"
         )
     within = v["kv_held_after_generation_max_ms"]
-    freed = f"freed KV within {within:.0f} ms of their last generated token" if n else ""
+    ms = f"{within:.1f}" if within is not None and within < 10 else f"{within or 0:.0f}"
+    freed = f"freed KV within {ms} ms of their last generated token" if n else ""
     if v["status"] == "none":
         return (
             f"{head}: none held: {n} of {n} requests {freed}; {lacking} of them still had "
