@@ -10,6 +10,7 @@ import pytest
 from harness._engine_probe import REQUEST_SCHEMA, STEP_SCHEMA
 from harness.analysis._engine import (
     combine_verdicts,
+    engine_aborts,
     engine_server_figures,
     join_engine,
     kv_held_from_requests,
@@ -151,3 +152,20 @@ def test_server_figures_from_steps_count_preemptions_from_the_engine_start():
     assert fig["running_peak"] == 4.0 and fig["waiting_peak"] == 2.0
     # A slice of a shared engine's steps: only the rises within it.
     assert engine_server_figures(steps.iloc[1:].assign(step=[5, 6]))["preemptions"] == 0.0
+
+
+def test_engine_aborts_come_from_the_engine_records():
+    clients = [
+        _client("gone", outcome="client_abort", last=0.2, tokens_at=[0.1, 0.2]),
+        _client("done", outcome="complete", last=1.0, tokens_at=[0.5, 1.0]),
+    ]
+    engine = [
+        {**_engine("gone", end=2.5, freed=2.5, tokens=30), "finish_reason": "abort"},
+        _engine("done", end=1.0, freed=1.0, tokens=2),
+    ]
+    joined, _ = join_engine(*_frames(clients, engine))
+    joined["t_stall"] = [0.2, np.nan]
+    out = engine_aborts(joined).set_index("request_id")
+    assert out.loc["gone", "t_engine_abort"] == 2.5
+    assert out.loc["gone", "stall_to_abort_ms"] == pytest.approx(2300.0)
+    assert np.isnan(out.loc["done", "t_engine_abort"])

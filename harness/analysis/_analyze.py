@@ -17,6 +17,7 @@ import pandas as pd
 
 from harness.analysis._engine import (
     combine_verdicts,
+    engine_aborts,
     engine_server_figures,
     join_engine,
     kv_held_from_requests,
@@ -183,6 +184,8 @@ def analyze(run_dir: Path, facts: RunFacts | None = None) -> Analysis:
     requests, unjoined = join_engine(
         requests, chunks, engine_requests if no_engine is None else engine_requests.iloc[0:0]
     )
+    if no_engine is None:
+        requests = engine_aborts(requests)
     t_first_send = float(requests["t_send"].min()) if len(requests) else None
     # Only the load's own connections: not the scraper's, nor anyone else's.
     load_sockets = client_sockets[

@@ -114,6 +114,17 @@ def join_engine(
     return out, unjoined
 
 
+def engine_aborts(joined: pd.DataFrame) -> pd.DataFrame:
+    """``joined`` with ``t_engine_abort`` and ``stall_to_abort_ms`` taken from the engine's own
+    records (the generation end of each request it finished as ``abort``), replacing the
+    estimate from the scraped counters (``_stalls.attribute_aborts``)."""
+    out = joined.copy()
+    aborted = out["engine_finish_reason"] == "abort"
+    out["t_engine_abort"] = out["t_generation_end"].where(aborted).astype(float)
+    out["stall_to_abort_ms"] = (out["t_engine_abort"] - out["t_stall"]) * 1000.0
+    return out
+
+
 def _union_s(intervals: list[tuple[float, float]]) -> float:
     """Total length (s) of the union of ``intervals``."""
     total, end = 0.0, -np.inf

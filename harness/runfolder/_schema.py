@@ -104,9 +104,10 @@ class GroupSummary(BaseModel):
     counts them; ``cut_seen`` those whose client saw the server (or proxy) end the connection
     before the response was complete, ``cut_rst`` those that saw a RST; ``stall_to_cut_*_ms`` is
     the time from stall onset to the client seeing RST or FIN; ``engine_aborted`` and
-    ``stall_to_abort_*_ms`` estimate when the engine aborted them (``harness.analysis``: aborts
-    are counted from the engine's gauges and matched to streams in order, to within one scrape
-    interval).
+    ``stall_to_abort_*_ms`` say when the engine aborted them: from the engine's own records
+    when it wrote them (``engine_requests.parquet``), else estimated (``harness.analysis``:
+    aborts are counted from the engine's gauges and matched to streams in order, to within one
+    scrape interval).
     """
 
     group: str
