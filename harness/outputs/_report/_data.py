@@ -16,6 +16,7 @@ import pandas as pd
 from harness.analysis import per_token_itl_s
 from harness.runfolder import (
     ENGINE_REQUESTS,
+    ENGINE_STEPS,
     GATES_JSON,
     RUN_JSON,
     SUMMARY_JSON,
@@ -37,8 +38,9 @@ class RunData:
     """One run folder, read. Frames have the columns listed in ``results/README.md``; a
     table that is missing from the folder is an empty frame. ``t0`` (monotonic s) is the
     origin of the report's time axis: the first scrape, socket sample or request.
-    ``engine_requests`` is the engine's per-request table (empty for a scrape-only target);
-    ``engine_error`` says why it could not be read (the report then goes without it)."""
+    ``engine_requests`` and ``engine_steps`` are the engine's own tables (empty for a
+    scrape-only target); ``engine_error`` says why they could not be read (the report then
+    goes without them)."""
 
     run_dir: Path
     info: dict[str, Any]
@@ -51,6 +53,7 @@ class RunData:
     gates: dict[str, Any] = field(default_factory=dict)  # gates.json, when the run had gates
     t0: float = 0.0
     engine_requests: pd.DataFrame = field(default_factory=pd.DataFrame)
+    engine_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
     engine_error: str | None = None
 
     @property
@@ -97,6 +100,7 @@ def load_run(run_dir: Path, *, with_records: bool = True) -> RunData:
     if with_records:  # the comparison needs neither
         try:
             data.engine_requests = read_parquet(run_dir / ENGINE_REQUESTS)
+            data.engine_steps = read_parquet(run_dir / ENGINE_STEPS)
         except RunFolderError as exc:  # e.g. the engine was killed before its footer
             data.engine_error = str(exc)
     data.t0 = _origin(data)
@@ -142,6 +146,17 @@ def ok_metrics(data: RunData) -> pd.DataFrame:
     m = m.sort_values("t").copy()
     m["s"] = m["t"] - data.t0
     return m
+
+
+def engine_steps(data: RunData) -> pd.DataFrame:
+    """The engine's steps, sorted by time, with ``s`` (seconds since ``t0``) added; empty
+    when the engine wrote none."""
+    steps = data.engine_steps
+    if steps.empty or "t" not in steps:
+        return pd.DataFrame({"s": pd.Series(dtype=float)})
+    steps = steps.sort_values("t").copy()
+    steps["s"] = steps["t"] - data.t0
+    return steps
 
 
 def preemptions_per_s(metrics: pd.DataFrame) -> pd.Series | None:

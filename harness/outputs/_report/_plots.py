@@ -16,6 +16,7 @@ from harness.outputs._report._data import (
     RunData,
     bin_width_s,
     cdf,
+    engine_steps,
     events,
     itl_ms,
     load_sockets,
@@ -49,8 +50,9 @@ def fragment(fig: go.Figure, div_id: str) -> str:
 
 
 def timeline(data: RunData) -> go.Figure:
-    """Rows on one shared time axis (s since the first measurement): events, KV cache usage,
-    running/waiting requests, preemptions/s, output tokens/s per user class and, when sockets
+    """Rows on one shared time axis (s since the first measurement): events, KV cache usage
+    and running/waiting requests (from the engine's steps when it wrote them, the scrapes'
+    KV usage dotted beside them), preemptions/s, output tokens/s per user class and, when sockets
     were sampled, Send-Q of the slowest connections and their rwnd-limited time."""
     m = ok_metrics(data)
     socks = load_sockets(data)
@@ -67,12 +69,21 @@ def timeline(data: RunData) -> go.Figure:
         subplot_titles=rows, row_heights=heights,
     )  # fmt: skip
     _events_row(fig, data)
+    steps = engine_steps(data)
+    if "kv_cache_usage" in steps:  # the engine's own figure at every step
+        fig.add_trace(_step_line(steps["s"], steps["kv_cache_usage"] * 100.0,
+                                 "KV cache usage % (engine steps)"), 2, 1)  # fmt: skip
     if "kv_cache_usage" in m:
-        fig.add_trace(_line(m["s"], m["kv_cache_usage"] * 100.0, "KV cache usage %"), 2, 1)
-        fig.update_yaxes(range=[0, 105], row=2, col=1)
+        scraped = _line(m["s"], m["kv_cache_usage"] * 100.0, "KV cache usage % (scrapes)")
+        if "kv_cache_usage" in steps:
+            scraped.update(line={"dash": "dot", "width": 1}, mode="lines+markers")
+        fig.add_trace(scraped, 2, 1)
+    fig.update_yaxes(range=[0, 105], row=2, col=1)
+    counts = steps if "num_requests_running" in steps else m
     for col, name in (("num_requests_running", "running"), ("num_requests_waiting", "waiting")):
-        if col in m:
-            fig.add_trace(_line(m["s"], m[col], name), 3, 1)
+        if col in counts:
+            line = _step_line if counts is steps else _line
+            fig.add_trace(line(counts["s"], counts[col], name), 3, 1)
     rate = preemptions_per_s(m)
     if rate is not None:
         fig.add_trace(_line(m["s"], rate, "preemptions/s"), 4, 1)
@@ -119,6 +130,11 @@ def _legend_per_row(fig: go.Figure, n_rows: int) -> None:
 
 def _line(x: object, y: object, name: str) -> go.Scatter:
     return go.Scatter(x=x, y=y, name=name, mode="lines", line={"width": 1.5})
+
+
+def _step_line(x: object, y: object, name: str) -> go.Scatter:
+    """A value that holds until the next sample (an engine step)."""
+    return go.Scatter(x=x, y=y, name=name, mode="lines", line={"width": 1.5, "shape": "hv"})
 
 
 def _events_row(fig: go.Figure, data: RunData) -> None:
