@@ -14,32 +14,21 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from harness._sim import SimConfig, SimServer
-from tests.test_sim_helpers import CLIENT, scrape, stalled_client, wait_for
+from tests.test_sim_helpers import (
+    CLIENT,
+    fast_sim_config,
+    generation_over,
+    scrape,
+    stalled_client,
+    wait_for,
+)
 
 MAX_TOKENS = 2000
 CLIENTS = 4
 
 
 def _config(kv_release: str, **kw: object) -> SimConfig:
-    base: dict[str, object] = dict(
-        kv_release=kv_release,
-        num_blocks=256,
-        max_num_seqs=16,
-        step_fixed_ms=0.2,
-        decode_ms_per_seq=0.01,
-        prefill_ms_per_token=0.001,
-    )
-    base.update(kw)
-    return SimConfig(**base)
-
-
-def _generation_over(url: str, tokens: float) -> bool:
-    m = scrape(url)
-    return (
-        m["vllm:generation_tokens_total"] >= tokens
-        and m["vllm:num_requests_running"] == 0
-        and m["vllm:num_requests_waiting"] == 0
-    )
+    return fast_sim_config(kv_release, **{"max_num_seqs": 16, **kw})
 
 
 @pytest.mark.parametrize("sndbuf_bytes", [None, 16384], ids=["autotuned-sndbuf", "16KiB-sndbuf"])
@@ -48,7 +37,7 @@ def test_on_delivery_holds_kv_until_stalled_clients_close(sndbuf_bytes: int | No
         clients = [stalled_client(srv.port, max_tokens=MAX_TOKENS) for _ in range(CLIENTS)]
         try:
             wait_for(
-                lambda: _generation_over(srv.url, CLIENTS * MAX_TOKENS),
+                lambda: generation_over(srv.url, CLIENTS * MAX_TOKENS),
                 timeout_s=30,
                 what="generation to end",
             )
@@ -84,7 +73,7 @@ def test_on_finish_frees_kv_while_stalled_clients_stay_open() -> None:
         clients = [stalled_client(srv.port, max_tokens=MAX_TOKENS) for _ in range(CLIENTS)]
         try:
             wait_for(
-                lambda: _generation_over(srv.url, CLIENTS * MAX_TOKENS),
+                lambda: generation_over(srv.url, CLIENTS * MAX_TOKENS),
                 timeout_s=30,
                 what="generation to end",
             )
@@ -140,7 +129,7 @@ def _hostage_run(kv_release: str, stalled: int) -> tuple[float, float]:
         clients = [stalled_client(srv.port, max_tokens=100, prompt=prompt) for _ in range(stalled)]
         try:
             wait_for(
-                lambda: _generation_over(srv.url, stalled * 100),
+                lambda: generation_over(srv.url, stalled * 100),
                 timeout_s=30,
                 what="stalled clients' generation to end",
             )

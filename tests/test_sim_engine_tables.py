@@ -30,7 +30,15 @@ from harness._sim._engine import SimEngine
 from harness._sim._protocol import GenerationParams, engine_request_id, stream_id
 from harness._sim._scheduler import Scheduler, SimRequest
 from harness.servers._sim import SimTarget, SimTargetConfig
-from tests.test_sim_helpers import CLIENT, scrape, sse_events, stalled_client, wait_for
+from tests.test_sim_helpers import (
+    CLIENT,
+    fast_sim_config,
+    generation_over,
+    scrape,
+    sse_events,
+    stalled_client,
+    wait_for,
+)
 
 MAX_TOKENS = 2000
 FAST_TOKENS = 50
@@ -38,16 +46,8 @@ HOLD_S = 1.0
 
 
 def _config(kv_release: KvRelease, **kw: Any) -> SimConfig:
-    base: dict[str, Any] = dict(
-        kv_release=kv_release,
-        num_blocks=256,
-        step_fixed_ms=0.2,
-        decode_ms_per_seq=0.01,
-        prefill_ms_per_token=0.001,
-        sndbuf_bytes=16384,  # a stalled stream cannot be delivered: far more than buffers hold
-    )
-    base.update(kw)
-    return SimConfig(**base)
+    # a stalled stream cannot be delivered: far more than the buffers hold
+    return fast_sim_config(kv_release, **{"sndbuf_bytes": 16384, **kw})
 
 
 def _tables(out: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -73,15 +73,6 @@ def _read_stream(url: str, *, x_request_id: str, chat: bool = False) -> str:
     ids = {json.loads(e)["id"] for e in events[:-1]}
     assert len(ids) == 1
     return ids.pop()
-
-
-def _generation_over(url: str, tokens: int) -> bool:
-    m = scrape(url)
-    return (
-        m["vllm:generation_tokens_total"] >= tokens
-        and m["vllm:num_requests_running"] == 0
-        and m["vllm:num_requests_waiting"] == 0
-    )
 
 
 def _check_steps(steps: list[dict[str, Any]], t0: float, t1: float) -> None:
@@ -200,7 +191,7 @@ def test_on_delivery_frees_kv_when_the_stalled_client_leaves(tmp_path: Path) -> 
         client = stalled_client(srv.port, max_tokens=MAX_TOKENS)
         try:
             fast_id = _read_stream(srv.url, x_request_id="fast-1")
-            wait_for(lambda: _generation_over(srv.url, MAX_TOKENS + FAST_TOKENS),
+            wait_for(lambda: generation_over(srv.url, MAX_TOKENS + FAST_TOKENS),
                      timeout_s=30, what="generation to end")  # fmt: skip
             time.sleep(HOLD_S)  # generation is over; the stalled stream holds its KV
         finally:
@@ -243,7 +234,7 @@ def test_on_finish_frees_kv_in_the_last_step(tmp_path: Path) -> None:
         client = stalled_client(srv.port, max_tokens=MAX_TOKENS)
         try:
             _read_stream(srv.url, x_request_id="chat-1", chat=True)
-            wait_for(lambda: _generation_over(srv.url, MAX_TOKENS + FAST_TOKENS),
+            wait_for(lambda: generation_over(srv.url, MAX_TOKENS + FAST_TOKENS),
                      timeout_s=30, what="generation to end")  # fmt: skip
         finally:
             client.close()
@@ -309,7 +300,7 @@ def test_tables_are_complete_after_sigterm(tmp_path: Path) -> None:
         assert status["engine"] == "emulator" and status["pid"] == proc.pid
         assert _read_stream(url, x_request_id="c7", chat=True) == "chatcmpl-c7"
         client = stalled_client(int(url.rsplit(":", 1)[1]), max_tokens=1000)
-        wait_for(lambda: _generation_over(url, 1000 + FAST_TOKENS)
+        wait_for(lambda: generation_over(url, 1000 + FAST_TOKENS)
                  and scrape(url)["sim:num_requests_held_for_delivery"] == 1,
                  timeout_s=20, what="the stalled request to be held")  # fmt: skip
         stopped = time.monotonic()

@@ -14,6 +14,8 @@ from collections.abc import Callable
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from harness._sim import SimConfig
+
 CLIENT = httpx.Client(timeout=30, limits=httpx.Limits(max_connections=64))
 """One shared client: a new ``httpx.Client`` per call costs tens of ms (SSL context)."""
 
@@ -71,3 +73,28 @@ def sse_events(raw: str) -> list[str]:
             assert block.startswith("data: "), block
             events.append(block[len("data: ") :])
     return events
+
+
+def fast_sim_config(kv_release: str, **kw: object) -> SimConfig:
+    """An emulator whose steps take almost no time (256 blocks, 0.2 ms per step), with
+    ``kw`` over those settings."""
+    base: dict[str, object] = dict(
+        kv_release=kv_release,
+        num_blocks=256,
+        step_fixed_ms=0.2,
+        decode_ms_per_seq=0.01,
+        prefill_ms_per_token=0.001,
+    )
+    base.update(kw)
+    return SimConfig(**base)  # type: ignore[arg-type]
+
+
+def generation_over(url: str, tokens: float) -> bool:
+    """Whether the emulator at ``url`` has generated ``tokens`` and has nothing running or
+    waiting (from its ``/metrics``)."""
+    m = scrape(url)
+    return (
+        m["vllm:generation_tokens_total"] >= tokens
+        and m["vllm:num_requests_running"] == 0
+        and m["vllm:num_requests_waiting"] == 0
+    )
