@@ -169,3 +169,29 @@ def test_engine_aborts_come_from_the_engine_records():
     assert out.loc["gone", "t_engine_abort"] == 2.5
     assert out.loc["gone", "stall_to_abort_ms"] == pytest.approx(2300.0)
     assert np.isnan(out.loc["done", "t_engine_abort"])
+
+
+def test_overlapping_held_requests_count_each_moment_once():
+    clients = [
+        _client("a", outcome="client_abort", last=0.2, tokens_at=[0.1]),
+        _client("b", outcome="client_abort", last=0.2, tokens_at=[0.1]),
+    ]
+    engine = [
+        _engine("a", end=1.0, freed=5.0, tokens=3),
+        _engine("b", end=2.0, freed=4.0, tokens=3),
+    ]
+    joined, _ = join_engine(*_frames(clients, engine))
+    steps = pd.DataFrame({"t": [0.0], "kv_cache_usage": [0.5]})
+    verdict = kv_held_from_requests(joined, steps, held_min_ms=100, unjoined=0)
+    assert verdict["requests_held"] == 2
+    assert verdict["kv_held_s"] == pytest.approx(4.0)  # 1..5, not 4 + 2
+    assert verdict["kv_seconds"] == pytest.approx(2.0)  # never above 100 % of the span
+
+
+def test_the_line_rounds_the_free_time_up():
+    engine = {"status": "none", "requests": 3, "requests_held": 0,
+              "requests_undelivered_at_kv_free": 1, "undelivered_bytes_at_kv_free": 5e5,
+              "kv_held_after_generation_max_ms": 0.146}  # fmt: skip
+    scrapes = {"status": "none", "line": "", "undelivered_peak_bytes": 0,
+               "t_generation_end": None, "window_s": 0.0}  # fmt: skip
+    assert "within 0.2 ms" in combine_verdicts(engine, scrapes, None)["line"]

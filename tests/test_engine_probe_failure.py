@@ -106,3 +106,14 @@ def test_a_running_probe_is_recorded_and_off_loads_none(monkeypatch, tmp_path):
         VllmTargetConfig(kind="vllm", model="m", extra_args=["--scheduler-cls=my.Sched"])
     )
     assert not own.probe_loaded and "--scheduler-cls" in own.engine_probe()["reason"]
+
+
+def test_a_url_target_with_a_missing_engine_dir_fails_its_start(tmp_path):
+    from harness.servers import UrlTargetConfig
+    from harness.servers._url import UrlTarget
+
+    config = UrlTargetConfig(
+        kind="url", url="http://127.0.0.1:9", served_model_name="m", engine_dir=str(tmp_path / "x")
+    )
+    with pytest.raises(TargetError, match=r"\[target\] engine_dir .*x: no such folder"):
+        UrlTarget(config).start(tmp_path)

@@ -10,6 +10,7 @@ CLOCK_MONOTONIC seconds of the same machine.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -125,15 +126,15 @@ def engine_aborts(joined: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def _union_s(intervals: list[tuple[float, float]]) -> float:
-    """Total length (s) of the union of ``intervals``."""
-    total, end = 0.0, -np.inf
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """``intervals`` merged where they overlap, in order."""
+    merged: list[tuple[float, float]] = []
     for a, b in sorted(intervals):
-        if b <= end:
-            continue
-        total += b - max(a, end)
-        end = b
-    return total
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        else:
+            merged.append((a, b))
+    return merged
 
 
 def _usage_over(steps: pd.DataFrame, a: float, b: float) -> tuple[float, float]:
@@ -185,8 +186,9 @@ def kv_held_from_requests(
     did; ``none`` if some request's KV was freed while its client still lacked output (the
     engine did not wait for delivery); ``not_observed`` if no request had output undelivered
     when its generation ended. Figures: ``kv_held_s`` (the union of the held requests'
-    generation-end-to-free spans), ``kv_held_peak_perc`` and ``kv_seconds`` (KV usage over
-    those spans, from the steps), counts, and the spread of KV-held-after-generation times.
+    generation-end-to-free spans: each moment counted once), ``kv_held_peak_perc`` and
+    ``kv_seconds`` (the engine's KV usage over that union, from the steps), counts, and the
+    spread of KV-held-after-generation times.
     """
     done = joined[joined["t_kv_freed"].notna() & joined["t_generation_end"].notna()]
     held_ms = done["kv_held_after_generation_ms"]
@@ -197,10 +199,13 @@ def kv_held_from_requests(
     lacking_at_end = slow & (done["undelivered_tokens_at_generation_end"] > 0)
     held = done[(held_ms > held_min_ms) & lacking_at_end]
     lacking_at_free = done[slow & (done["undelivered_tokens_at_kv_free"] > 0)]
-    spans = [
-        (float(a), float(b))
-        for a, b in zip(held["t_generation_end"], held["t_kv_freed"], strict=True)
-    ]
+    # The time in which at least one request held KV, each moment counted once.
+    spans = _union(
+        [
+            (float(a), float(b))
+            for a, b in zip(held["t_generation_end"], held["t_kv_freed"], strict=True)
+        ]
+    )
     usage = [_usage_over(steps, a, b) for a, b in spans]
     status = "held" if len(held) else ("none" if len(lacking_at_free) else "not_observed")
     return {
@@ -215,7 +220,7 @@ def kv_held_from_requests(
         "kv_held_after_generation_max_ms": float(held_ms.max()) if len(held_ms) else None,
         "kv_held_after_generation_p50_ms": float(held_ms.median()) if len(held_ms) else None,
         "held_min_ms": held_min_ms,
-        "kv_held_s": _union_s(spans),
+        "kv_held_s": float(sum(b - a for a, b in spans)),
         "kv_held_peak_perc": max((p for p, _ in usage), default=0.0) * 100.0,
         "kv_seconds": float(sum(s for _, s in usage)),
         "engine_requests_unjoined": unjoined,
@@ -240,7 +245,8 @@ def engine_verdict_line(v: dict[str, Any]) -> str:
             f"peak KV {v['kv_held_peak_perc']:.1f} %)"
         )
     within = v["kv_held_after_generation_max_ms"]
-    ms = f"{within:.1f}" if within is not None and within < 10 else f"{within or 0:.0f}"
+    within = within or 0.0  # "within": rounded up, never below what was measured
+    ms = f"{math.ceil(within * 10) / 10:.1f}" if within < 10 else f"{math.ceil(within):.0f}"
     freed = f"freed KV within {ms} ms of their last generated token" if n else ""
     if v["status"] == "none":
         return (

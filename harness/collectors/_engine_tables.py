@@ -55,6 +55,8 @@ def collect_engine_tables(
     if engine_dir is None:
         return None
     steps_path, requests_path = engine_dir / STEPS_FILE, engine_dir / REQUESTS_FILE
+    if not steps_path.exists() and not requests_path.exists():
+        return f"the engine wrote no tables in {engine_dir}"
     try:
         if engine_dir.resolve() == run_dir.resolve() and engine_stopped:
             compact_dataset(steps_path)

@@ -53,13 +53,14 @@ def print_summary(summary: RunSummary, *, run_dir: str, console: Console | None 
         ", ".join(s.missing_metrics) or "-",
     )
     console.print(server)
-    console.print(summary.verdicts["kv_held_by_undelivered_streams"]["line"])
+    # Lines made of measured text are printed as they are: "[scrape-only: ...]" is no markup.
+    console.print(summary.verdicts["kv_held_by_undelivered_streams"]["line"], markup=False)
     saturation = summary.client_saturation
     style = "bold yellow" if saturation.saturated else "dim"
-    console.print(f"[{style}]{saturation.message}[/{style}]")
+    console.print(f"[{style}]{escape(saturation.message)}[/{style}]")
     if summary.failure:
-        console.print(f"[bold red]run {summary.status}: {summary.failure}[/bold red]")
-    console.print(f"results: {run_dir}")
+        console.print(f"[bold red]run {summary.status}: {escape(summary.failure)}[/bold red]")
+    console.print(f"results: {escape(run_dir)}")
 
 
 def print_gates(gates: list[GateResult], *, exit_code: int, console: Console | None = None) -> None:

@@ -10,7 +10,7 @@ from pydantic import Field, field_validator
 
 from harness._engine_probe import STATUS_FILE, read_status
 from harness.servers._base import TARGETS, Target, TargetConfigBase
-from harness.servers._health import wait_healthy
+from harness.servers._health import TargetError, wait_healthy
 
 
 @TARGETS.register
@@ -68,7 +68,17 @@ class UrlTarget(Target):
         return {**status, "dir": str(self.engine_dir)}
 
     def start(self, run_dir: Path) -> None:
+        """Wait until the server answers; with ``engine_dir``, check that its engine writes
+        its tables there. Raises :class:`~zwcore.TargetError`."""
+        where = f"[target] engine_dir {self.engine_dir}"
+        if self.engine_dir is not None and not self.engine_dir.is_dir():
+            raise TargetError(f"{where}: no such folder")
         wait_healthy(self.base_url, timeout_s=self.config.startup_timeout_s)
+        if self.engine_dir is not None and not read_status(self.engine_dir):
+            raise TargetError(
+                f"{where} holds no {STATUS_FILE}: is the server's engine running with the "
+                "probe and ZEROWINDOW_ENGINE_DIR set to it? (docs/engine-probe.md)"
+            )
 
     def failure(self) -> str | None:
         return None

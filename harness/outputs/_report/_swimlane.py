@@ -209,9 +209,13 @@ def engine_note(data: RunData) -> str | None:
     if data.engine_error:
         return f"no engine row: {data.engine_error}"
     if data.engine_requests.empty:
+        verdict = data.summary.get("verdicts", {}).get("kv_held_by_undelivered_streams", {})
+        why = verdict.get("scrape_only_reason") or (data.info.get("engine_probe") or {}).get(
+            "reason"
+        )
         return (
             "no engine row: the engine wrote no per-request table (engine_requests.parquet): "
-            "scrape-only target (a url target, or a run older than the engine tables)"
+            "scrape-only: " + (why or "a url target, or a run older than the engine tables")
         )
     if "engine_request_id" not in data.engine_requests:
         return "no engine row: engine_requests.parquet has no engine_request_id column"
