@@ -7,7 +7,7 @@ step and :meth:`EngineRecorder.request` when a request's KV blocks went back to 
 good: at its last token (``on_finish``), when its response was delivered or its client left
 (``on_delivery``), or when it was aborted. :meth:`EngineRecorder.close` writes a row for each
 request still alive with what is known then (``t_kv_freed``, ``kv_blocks_freed`` null; the
-finish reason null if it was still generating) and the files' footers.
+finish reason null if it was still generating) and the last parts of the tables.
 
 Times are the scheduler's, ``time.monotonic()`` seconds (CLOCK_MONOTONIC on Linux, the clock
 of the client records). ``engine_probe.json`` says ``engine = "emulator"`` and
@@ -114,7 +114,7 @@ class EngineRecorder:
 
     def close(self, alive: Iterable[tuple[SimRequest, int]] = ()) -> None:
         """Write a row for each ``(request, blocks it holds)`` still alive and finish the
-        files (their footers); a second call does nothing."""
+        tables (their last parts); a second call does nothing."""
         tables, self._tables = self._tables, None
         if tables is None:
             return
