@@ -11,7 +11,7 @@ import pytest
 
 from harness._engine_probe import PROBE_ERROR, write_status
 from harness.servers import VllmTargetConfig
-from harness.servers._launched import LaunchedTarget
+from harness.servers._process import ServerProcess
 from harness.servers._vllm import PROBE_CLASS, VllmTarget
 from tests.conftest import REPO, vllm_available
 from zwcore import TargetError
@@ -34,21 +34,20 @@ def test_a_vllm_without_a_hooked_method_refuses_the_probe_by_name():
 
 
 class _Launches:
-    """Stands in for the process launch only: each call appends the argv it would run and
-    does what the next item of ``outcomes`` says (write a log line and fail, write a probe
-    status, or succeed)."""
+    """Stands in for the process launch only (``ServerProcess.launch``): each call appends
+    the argv it would run and does what the next item of ``outcomes`` says (write a log line
+    and fail, write a probe status, or succeed)."""
 
     def __init__(self, outcomes: list[str]) -> None:
         self.outcomes = outcomes
         self.argvs: list[list[str]] = []
 
-    def __call__(self, target: VllmTarget, run_dir: Path) -> None:
-        target.argv = target.build_argv()
-        target.log_path = run_dir / target.log_name
-        self.argvs.append(target.argv)
+    def __call__(self, argv: list[str], *, log_path: Path, **_: object) -> None:
+        self.argvs.append(argv)
+        run_dir = log_path.parent
         outcome = self.outcomes.pop(0)
         if outcome == "import_error":
-            with open(target.log_path, "a") as log:
+            with open(log_path, "a") as log:
                 log.write(f"ImportError: {PROBE_ERROR}: vLLM 9.9 has no Scheduler.schedule\n")
             raise TargetError("vLLM exited with code 1")
         if outcome == "probe_failed":
@@ -59,7 +58,7 @@ class _Launches:
 
 def _target(monkeypatch, tmp_path, mode: str, outcomes: list[str]) -> tuple[VllmTarget, _Launches]:
     launches = _Launches(outcomes)
-    monkeypatch.setattr(LaunchedTarget, "start", lambda self, run_dir: launches(self, run_dir))
+    monkeypatch.setattr(ServerProcess, "launch", lambda self, argv, **kw: launches(argv, **kw))
     monkeypatch.setattr(VllmTarget, "stop", lambda self: None)
     config = VllmTargetConfig(kind="vllm", model=str(tmp_path), engine_probe=mode)
     return VllmTarget(config), launches

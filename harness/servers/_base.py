@@ -14,6 +14,7 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
+from harness._engine_probe import STATUS_FILE, read_status
 from harness.servers._process import ServerProcess
 from zwcore import Registry
 
@@ -60,6 +61,8 @@ class Target(Server):
     engine_dir: Path | None = None
     """Where the engine writes its own tables (``harness._engine_probe``), once started;
     ``None`` when it writes none."""
+    probe_note: str | None = None
+    """Why the engine writes no tables, when it writes none."""
 
     def start(self, run_dir: Path) -> None:
         """Start (or reach) the server; return when it is ready. Raises
@@ -67,13 +70,20 @@ class Target(Server):
         raise NotImplementedError
 
     def engine_probe(self) -> dict[str, Any]:
-        """``run.json``'s ``engine_probe``: whether the engine wrote its own tables
-        (``engine_steps.parquet``, ``engine_requests.parquet``) and, if not, why. A target
-        the run does not start has no probe: its verdicts come from scrapes only."""
-        return {
-            "status": "not_run",
-            "reason": f"a {self.kind} target: the run does not start the engine, so it cannot "
-            "load a probe into it; verdicts come from /metrics scrapes only",
+        """``run.json``'s ``engine_probe``: the engine's ``engine_probe.json`` in
+        ``engine_dir`` (``failed`` when it wrote none there), else ``not_run`` with
+        ``probe_note`` (default: a target the run does not start cannot have a probe loaded
+        into it, so its verdicts come from scrapes only)."""
+        if self.engine_dir is None:
+            reason = self.probe_note or (
+                f"a {self.kind} target: the run does not start the engine, so it cannot load a "
+                "probe into it; verdicts come from /metrics scrapes only"
+            )
+            return {"status": "not_run", "reason": reason}
+        status = read_status(self.engine_dir)
+        return status or {
+            "status": "failed",
+            "reason": f"the engine wrote no {STATUS_FILE} in {self.engine_dir}",
         }
 
 

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any, ClassVar
 
-from harness._engine_probe import ENGINE_DIR_ENV, STATUS_FILE, read_status
+from harness._engine_probe import ENGINE_DIR_ENV
 from harness.servers._base import Target
 from harness.servers._health import TargetError, free_port
 from harness.servers._process import ServerProcess
@@ -37,7 +37,7 @@ class LaunchedTarget(Target):
         self._log_offset = 0
         self._dead: str | None = None
         self.probe_requested = "on"  # the engine writes its own tables (a subclass may differ)
-        self.probe_note: str | None = None  # why it does not, when it does not
+        self.probe_note = "not started"
 
     def build_argv(self) -> list[str]:
         raise NotImplementedError
@@ -54,7 +54,8 @@ class LaunchedTarget(Target):
     def start(self, run_dir: Path) -> None:
         """Launch the server with :meth:`launch_env` and ``ZEROWINDOW_ENGINE_DIR`` set to the
         run folder (absolute), where an engine that writes its own tables (the emulator, vLLM
-        with the engine probe) puts them; the run folder wins over a configured value."""
+        with the engine probe) puts them; the run folder wins over a configured value. Once it
+        answers, ``engine_dir`` is the run folder if :attr:`writes_tables`."""
         self.argv = self.build_argv()
         self.log_path = run_dir / self.log_name
         env = {**self.launch_env(), ENGINE_DIR_ENV: str(run_dir.resolve())}
@@ -69,6 +70,12 @@ class LaunchedTarget(Target):
             )
         except TargetError as exc:
             raise TargetError(f"{exc}{self._last_error()}; see {self.log_path}") from None
+        self.engine_dir = run_dir if self.writes_tables else None
+
+    @property
+    def writes_tables(self) -> bool:
+        """Whether this engine writes its own tables (a subclass may say no)."""
+        return True
 
     def _last_error(self) -> str:
         """The last exception line of the log (``ValueError: ...``), prefixed for a message."""
@@ -104,16 +111,8 @@ class LaunchedTarget(Target):
         self.server.stop(grace_s=self.config.stop_grace_s)
 
     def engine_probe(self) -> dict[str, Any]:
-        """``run.json``'s ``engine_probe``: ``requested`` (the target's setting) and the
-        engine's ``engine_probe.json`` once it started writing its tables (``engine_dir``),
-        else ``not_run`` with ``probe_note``, why not."""
-        facts: dict[str, Any] = {"requested": self.probe_requested}
-        if self.engine_dir is None:
-            return {**facts, "status": "not_run", "reason": self.probe_note or "not started"}
-        status = read_status(self.engine_dir)
-        if not status:
-            return {**facts, "status": "failed", "reason": f"the engine wrote no {STATUS_FILE}"}
-        return {**facts, **status}
+        """As for any target, with ``requested`` (the target's setting)."""
+        return {"requested": self.probe_requested, **super().engine_probe()}
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import ClassVar, Literal
 
 from pydantic import Field
@@ -40,10 +39,6 @@ class SimTarget(LaunchedTarget):
     label: ClassVar[str] = "sim"
     log_name: ClassVar[str] = "sim.log"
     config: SimTargetConfig
-
-    def start(self, run_dir: Path) -> None:
-        super().start(run_dir)
-        self.engine_dir = run_dir
 
     def build_argv(self) -> list[str]:
         argv = [sys.executable, "-m", "harness._sim", "--host", self.config.host]

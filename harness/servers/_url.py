@@ -59,13 +59,8 @@ class UrlTarget(Target):
         self.engine_dir = Path(config.engine_dir) if config.engine_dir else None
 
     def engine_probe(self) -> dict[str, Any]:
-        if self.engine_dir is None:
-            return super().engine_probe()
-        status = read_status(self.engine_dir)
-        if not status:
-            return {"status": "not_run", "dir": str(self.engine_dir),
-                    "reason": f"engine_dir {self.engine_dir} holds no {STATUS_FILE}"}  # fmt: skip
-        return {**status, "dir": str(self.engine_dir)}
+        facts = super().engine_probe()
+        return facts if self.engine_dir is None else {**facts, "dir": str(self.engine_dir)}
 
     def start(self, run_dir: Path) -> None:
         """Wait until the server answers; with ``engine_dir``, check that its engine writes

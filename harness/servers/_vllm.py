@@ -105,7 +105,6 @@ class VllmTarget(LaunchedTarget):
             return
         if not self.probe_loaded:
             return
-        self.engine_dir = run_dir
         status = read_status(run_dir)
         if status.get("status") != "running":
             why = status.get("reason") or f"the engine wrote no {STATUS_FILE}"
@@ -119,7 +118,6 @@ class VllmTarget(LaunchedTarget):
             raise TargetError(f"{reason}; {PROBE_HELP}") from exc
         self.stop()
         self.probe_loaded, self.probe_note = False, f"fallback: {reason}"
-        self.engine_dir = None
 
     def _probe_error(self) -> str | None:
         """The probe's own error line in the log (it begins with :data:`PROBE_ERROR`)."""
@@ -128,6 +126,10 @@ class VllmTarget(LaunchedTarget):
         lines = [ln for ln in self.log_path.read_text(errors="replace").splitlines()
                  if PROBE_ERROR in ln]  # fmt: skip
         return lines[-1].split(f"{PROBE_ERROR}", 1)[1].strip(" :") if lines else None
+
+    @property
+    def writes_tables(self) -> bool:
+        return self.probe_loaded
 
     def engine_probe(self) -> dict[str, Any]:
         facts = super().engine_probe()
