@@ -42,13 +42,11 @@ def _write(frame: pd.DataFrame, path: Path, schema: pa.Schema) -> None:
     pq.write_table(pa.Table.from_pandas(frame, schema=schema, preserve_index=False), path)
 
 
-def collect_engine_tables(
-    run_dir: Path, engine_dir: Path | None, *, t_start: float, engine_stopped: bool
-) -> str | None:
+def collect_engine_tables(run_dir: Path, engine_dir: Path | None, *, t_start: float) -> str | None:
     """Leave single-file engine tables in ``run_dir``; return why not, or ``None``.
 
     ``engine_dir`` is where the engine wrote (``None``: it wrote nothing). When it is
-    ``run_dir`` and the engine has stopped (``engine_stopped``), its parts are compacted.
+    ``run_dir``, the run started the engine and has stopped it: its parts are compacted.
     Otherwise the engine is shared and still running: after :data:`FLUSH_WAIT_S`, the steps
     from ``t_start`` (monotonic s) on and the requests that arrived from then on are copied.
     """
@@ -58,7 +56,7 @@ def collect_engine_tables(
     if not steps_path.exists() and not requests_path.exists():
         return f"the engine wrote no tables in {engine_dir}"
     try:
-        if engine_dir.resolve() == run_dir.resolve() and engine_stopped:
+        if engine_dir.resolve() == run_dir.resolve():
             compact_dataset(steps_path)
             compact_dataset(requests_path)
             return None

@@ -185,7 +185,7 @@ def run_comparison(
             target.stop()
     info["target"] = target.describe()
     info["engine_probe"] = target.engine_probe()
-    if why := collect_engine_tables(run_dir, target.engine_dir, t_start=0.0, engine_stopped=True):
+    if why := collect_engine_tables(run_dir, target.engine_dir, t_start=0.0):
         info["engine_probe"] = {**info["engine_probe"], "status": "failed", "reason": why}
     if result.runs:
         kinds = {p.name: p.proxy.kind for p in scenario.proxies}

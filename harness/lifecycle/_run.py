@@ -319,7 +319,6 @@ class RunLifecycle:
             self.run_dir,
             self.target.engine_dir,
             t_start=self.t_start,
-            engine_stopped=self.manage_target,
         )
         return probe if why is None else {**probe, "status": "failed", "reason": why}
 
