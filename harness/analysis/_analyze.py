@@ -175,17 +175,24 @@ def analyze(run_dir: Path, facts: RunFacts | None = None) -> Analysis:
     records = load_records(p for g in groups for p in records_files(run_dir, g))
     # Requests meet the server on the client-facing port (the proxy's, if any).
     client_sockets = sockets[sockets["local_port"] == facts.client_port]
-    requests = requests_frame(records, client_sockets)
-    requests = attribute_aborts(requests, abort_times(metrics, requests["t_send"]))
-    chunks = chunks_frame(records)
     engine_requests = read_parquet(run_dir / ENGINE_REQUESTS)
     engine_steps = read_parquet(run_dir / ENGINE_STEPS)
     no_engine = probe_problem(facts.engine_probe, engine_requests)
+    requests = requests_frame(records, client_sockets)
+    # Engine aborts: estimated from the scrapes only when the engine's records do not say.
+    estimated = abort_times(metrics, requests["t_send"]) if no_engine else []
+    requests = attribute_aborts(requests, estimated)
+    chunks = chunks_frame(records)
     requests, unjoined = join_engine(
         requests, chunks, engine_requests if no_engine is None else engine_requests.iloc[0:0]
     )
+    engine_verdict = None
     if no_engine is None:
         requests = engine_aborts(requests)
+        engine_steps = engine_steps.sort_values("t") if len(engine_steps) else engine_steps
+        engine_verdict = kv_held_from_requests(
+            requests, engine_steps, held_min_ms=scenario.verdict.kv_held_min_ms, unjoined=unjoined
+        )
     t_first_send = float(requests["t_send"].min()) if len(requests) else None
     # Only the load's own connections: not the scraper's, nor anyone else's.
     load_sockets = client_sockets[
@@ -198,12 +205,6 @@ def analyze(run_dir: Path, facts: RunFacts | None = None) -> Analysis:
         generation_bound_s=scenario.verdict.generation_bound_s,
         min_observe_s=scenario.verdict.min_observe_s,
     )
-    engine_verdict = None
-    if no_engine is None:
-        engine_steps = engine_steps.sort_values("t") if len(engine_steps) else engine_steps
-        engine_verdict = kv_held_from_requests(
-            requests, engine_steps, held_min_ms=scenario.verdict.kv_held_min_ms, unjoined=unjoined
-        )
     server = summarize_server(metrics, facts.missing_metrics, requests)
     if no_engine is None and (engine_figures := engine_server_figures(engine_steps)):
         server = server.model_copy(
