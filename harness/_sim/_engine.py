@@ -114,7 +114,7 @@ class SimEngine:
         self.close_tables()
 
     def close_tables(self) -> None:
-        """Write the rows of the requests still alive and the tables' footers (idempotent;
+        """Write the rows of the requests still alive and the tables' last parts (idempotent;
         call it with the step loop stopped)."""
         recorder = self.recorder
         if recorder is None or not recorder.active:

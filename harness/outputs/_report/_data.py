@@ -101,7 +101,7 @@ def load_run(run_dir: Path, *, with_records: bool = True) -> RunData:
         try:
             data.engine_requests = read_parquet(run_dir / ENGINE_REQUESTS)
             data.engine_steps = read_parquet(run_dir / ENGINE_STEPS)
-        except RunFolderError as exc:  # e.g. the engine was killed before its footer
+        except RunFolderError as exc:  # e.g. a damaged part of a killed run
             data.engine_error = str(exc)
     data.t0 = _origin(data)
     return data
