@@ -1,0 +1,195 @@
+"""Incremental decoder for ``text/event-stream`` (Server-Sent Events): bytes in, events out.
+
+It follows the event-stream interpretation rules of the WHATWG HTML Living Standard, §9.2
+"Server-sent events" (9.2.5 "Parsing an event stream", 9.2.6 "Interpreting an event stream"):
+
+- lines end with CRLF, LF or CR; a CR at the end of one read and an LF at the start of the
+  next are one line end;
+- a UTF-8 byte order mark at the very start of the stream is skipped; the stream is decoded
+  as UTF-8 with invalid bytes replaced by U+FFFD (a code point split across reads is fine,
+  because fields are decoded only once their line is complete, and CR/LF never occur inside a
+  multi-byte UTF-8 sequence);
+- a line starting with ``:`` is a comment; a line with a colon is ``field: value`` with one
+  leading space of the value removed; a line without a colon is a field with an empty value;
+- fields ``event``, ``data`` (several ``data`` lines are joined with ``\\n``), ``id`` (ignored
+  if it contains NUL) and ``retry`` (ASCII digits only); other fields are ignored;
+- an empty line dispatches the event; an event with an empty data buffer is not dispatched;
+- at end of stream an incomplete event (no final empty line) is discarded.
+
+The decoder works on bytes: lines are split with ``bytes.split`` (or one regular expression
+when the stream carries CRs), fields are compared as bytes, and an event's data stays bytes
+(:attr:`SSEEvent.raw`) so a JSON decoder can take it without a UTF-8 round trip;
+:attr:`SSEEvent.data` decodes it on demand. It does no I/O and knows nothing about OpenAI
+payloads (see ``_openai``).
+"""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+
+_BOM = b"\xef\xbb\xbf"
+_EOL = re.compile(rb"(\r\n|\r|\n)")
+
+
+class SSEEvent(msgspec.Struct, frozen=True):
+    """One dispatched event.
+
+    ``raw`` is the data buffer as bytes with the final LF removed (:attr:`data` is the same
+    decoded as UTF-8, invalid bytes replaced); ``event`` the event type (``"message"`` when the
+    stream named none); ``id`` the last event ID at dispatch time (``""`` if none);
+    ``retry_ms`` the reconnection time in milliseconds from the last valid ``retry`` field, or
+    ``None``; ``wire_bytes`` the bytes of the stream consumed since the previous dispatched
+    event up to and including this event's terminating empty line (comments and ignored lines
+    in between count too).
+    """
+
+    raw: bytes
+    event: str = "message"
+    id: str = ""
+    retry_ms: int | None = None
+    wire_bytes: int = 0
+
+    @property
+    def data(self) -> str:
+        """The data buffer decoded as UTF-8 (WHATWG §9.2.5: invalid bytes become U+FFFD)."""
+        return self.raw.decode("utf-8", "replace")
+
+
+def _text(value: bytes) -> str:
+    return value.decode("utf-8", "replace")
+
+
+class SSEDecoder:
+    """Turns successive byte reads of one event stream into :class:`SSEEvent` objects.
+
+    Usage: ``for ev in decoder.feed(chunk): ...`` for each read, ``decoder.close()`` at end of
+    stream. Never raises on malformed input: bytes that do not form an event are dropped as
+    the spec says. Not thread-safe (one decoder per stream).
+    """
+
+    __slots__ = (
+        "_rest",
+        "_after_cr",
+        "_at_start",
+        "_data",
+        "_event_type",
+        "_last_id",
+        "_retry_ms",
+        "_pending_bytes",
+        "_closed",
+    )
+
+    def __init__(self) -> None:
+        self._rest: list[bytes] = []  # pieces of the current, unfinished line (or of a BOM)
+        self._after_cr = False  # the last line ended with CR: skip one LF at the next byte
+        self._at_start = True  # BOM check still pending
+        self._data: list[bytes] = []
+        self._event_type = b""
+        self._last_id = ""
+        self._retry_ms: int | None = None
+        self._pending_bytes = 0  # bytes consumed since the last dispatched event
+        self._closed = False
+
+    def feed(self, data: bytes) -> list[SSEEvent]:
+        """Consume one read; return the events it completed (possibly none), in order.
+
+        Raises ``RuntimeError`` if called after :meth:`close`.
+        """
+        if self._closed:
+            raise RuntimeError("SSEDecoder.feed() after close()")
+        if not data:
+            return []
+        if not self._at_start and b"\n" not in data and b"\r" not in data:
+            self._rest.append(bytes(data))  # no line ends yet: joined once one comes
+            return []
+        rest = self._rest
+        buf = b"".join((*rest, data)) if rest else bytes(data)
+        rest.clear()
+        if self._at_start:
+            # The BOM may itself be split across reads: wait until 3 bytes are known.
+            if len(buf) < 3 and _BOM.startswith(buf):
+                rest.append(buf)
+                return []
+            self._at_start = False
+            if buf.startswith(_BOM):
+                buf = buf[3:]
+                self._pending_bytes += 3
+        if self._after_cr:
+            self._after_cr = False
+            if buf[:1] == b"\n":
+                buf = buf[1:]
+                self._pending_bytes += 1
+        events: list[SSEEvent] = []
+        if b"\r" not in buf:
+            lines = buf.split(b"\n")
+            last = lines.pop()
+            if last:
+                rest.append(last)
+            for line in lines:
+                self._pending_bytes += len(line) + 1
+                if line:
+                    self._field(line)
+                elif self._data:
+                    events.append(self._dispatch())
+                else:
+                    self._event_type = b""  # spec: an empty data buffer dispatches nothing
+            return events
+        parts = _EOL.split(buf)  # [line, eol, line, eol, ..., rest]
+        if parts[-1]:
+            rest.append(parts[-1])
+        elif buf.endswith(b"\r"):
+            self._after_cr = True  # an LF at the start of the next read ends nothing more
+        for i in range(0, len(parts) - 1, 2):
+            line = parts[i]
+            self._pending_bytes += len(line) + len(parts[i + 1])
+            if line:
+                self._field(line)
+            elif self._data:
+                events.append(self._dispatch())
+            else:
+                self._event_type = b""
+        return events
+
+    def close(self) -> None:
+        """Mark end of stream; an unfinished event is discarded (WHATWG §9.2.6)."""
+        self._closed = True
+        self._rest.clear()
+        self._data.clear()
+        self._event_type = b""
+
+    def _field(self, line: bytes) -> None:
+        if line.startswith(b"data:"):
+            value = line[5:]
+            self._data.append(value[1:] if value[:1] == b" " else value)
+            return
+        if line[:1] == b":":
+            return  # a comment
+        name, sep, value = line.partition(b":")
+        if sep and value[:1] == b" ":
+            value = value[1:]
+        if name == b"data":  # "data" without a colon: an empty value
+            self._data.append(value)
+        elif name == b"event":
+            self._event_type = value
+        elif name == b"id":
+            if b"\x00" not in value:
+                self._last_id = _text(value)
+        elif name == b"retry":
+            if value and value.isdigit():  # bytes.isdigit: ASCII digits only
+                self._retry_ms = int(value)
+
+    def _dispatch(self) -> SSEEvent:
+        data = self._data
+        ev = SSEEvent(
+            data[0] if len(data) == 1 else b"\n".join(data),
+            _text(self._event_type) if self._event_type else "message",
+            self._last_id,
+            self._retry_ms,
+            self._pending_bytes,
+        )
+        data.clear()
+        self._event_type = b""
+        self._pending_bytes = 0
+        return ev
