@@ -12,9 +12,9 @@ the middle of a stream as a ``data:`` payload holding an error object.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from typing import Any, Literal
+
+import msgspec
 
 Endpoint = Literal["completions", "chat"]
 
@@ -51,8 +51,7 @@ def request_body(
 PayloadKind = Literal["chunk", "usage", "done", "error"]
 
 
-@dataclass(frozen=True)
-class Payload:
+class Payload(msgspec.Struct, frozen=True, kw_only=True):
     """What one SSE ``data`` payload means.
 
     ``kind``: ``"chunk"`` (non-empty ``choices``), ``"usage"`` (empty ``choices``: the final
@@ -81,20 +80,95 @@ def _error_text(obj: dict[str, Any]) -> str:
     return str(err)
 
 
-def parse_payload(data: str, *, event_type: str = "message") -> Payload:
+class _Usage(msgspec.Struct):
+    completion_tokens: int | None = None
+    prompt_tokens: int | None = None
+
+
+class _Delta(msgspec.Struct):
+    content: str | None = None
+
+
+class _Choice(msgspec.Struct):
+    text: str | None = None
+    delta: _Delta | None = None
+    finish_reason: str | None = None
+
+
+class _Chunk(msgspec.Struct):
+    """The fields of a stream chunk the client uses; the others are skipped unread."""
+
+    id: str | None = None
+    object: str | None = None
+    choices: list[_Choice] | None = None
+    usage: _Usage | None = None
+    error: Any = msgspec.UNSET
+
+
+_CHUNK_DECODER = msgspec.json.Decoder(_Chunk)
+_ANY_DECODER = msgspec.json.Decoder()
+_DONE = Payload(kind="done")
+
+
+def parse_payload(data: str | bytes, *, event_type: str = "message") -> Payload:
     """Interpret the data of one SSE event of an OpenAI-compatible stream. Never raises.
 
     An event of type ``error``, an object with an ``error`` key, or an object with
     ``"object": "error"`` (older vLLM) is an error; so are malformed JSON and non-objects.
+    A chunk of the usual shape is decoded by msgspec into the few fields used; anything else
+    (a field of an unexpected type, an error) is read generically with the same meaning.
     """
-    if data.strip() == "[DONE]":
-        return Payload(kind="done")
+    if event_type == "message":
+        try:
+            chunk = _CHUNK_DECODER.decode(data)
+        except msgspec.DecodeError:
+            pass  # not the usual shape (or not JSON): read generically below
+        else:
+            if chunk.error is msgspec.UNSET and chunk.object != "error":
+                return _from_chunk(chunk)
+    return _parse_generic(data, event_type)
+
+
+def _from_chunk(chunk: _Chunk) -> Payload:
+    usage = chunk.usage
+    completion_tokens = usage.completion_tokens if usage is not None else None
+    prompt_tokens = usage.prompt_tokens if usage is not None else None
+    if not chunk.choices:
+        return Payload(
+            kind="usage",
+            completion_tokens=completion_tokens,
+            prompt_tokens=prompt_tokens,
+            stream_id=chunk.id,
+        )
+    finish_reason: str | None = None
+    texts: list[str] = []
+    for choice in chunk.choices:
+        delta = choice.delta
+        piece = delta.content if delta is not None else choice.text
+        if piece is not None:
+            texts.append(piece)
+        if choice.finish_reason is not None:
+            finish_reason = choice.finish_reason
+    return Payload(
+        kind="chunk",
+        text=texts[0] if len(texts) == 1 else "".join(texts),
+        completion_tokens=completion_tokens,
+        prompt_tokens=prompt_tokens,
+        finish_reason=finish_reason,
+        stream_id=chunk.id,
+    )
+
+
+def _parse_generic(data: str | bytes, event_type: str) -> Payload:
+    text = data if isinstance(data, str) else data.decode("utf-8", "replace")
+    if text.strip() == "[DONE]":
+        return _DONE
     try:
-        obj = json.loads(data)
-    except ValueError as e:
-        return Payload(kind="error", error=f"malformed JSON in stream: {e}: {data[:200]!r}")
+        obj = _ANY_DECODER.decode(data)
+    except msgspec.DecodeError as e:
+        return Payload(kind="error", error=f"malformed JSON in stream: {e}: {text[:200]!r}")
     if not isinstance(obj, dict):
-        return Payload(kind="error", error=f"stream payload is not a JSON object: {data[:200]!r}")
+        return Payload(kind="error", error=f"stream payload is not a JSON object: {text[:200]!r}")
     if event_type == "error" or "error" in obj or obj.get("object") == "error":
         return Payload(kind="error", error=_error_text(obj))
     usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else None

@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from loadgen import SSEDecoder, SSEEvent, TokenCounter, parse_payload, request_body
+from loadgen._openai import _parse_generic
 
 
 def decode(*reads: bytes) -> list[SSEEvent]:
@@ -225,3 +228,54 @@ def test_request_body_shapes() -> None:
         endpoint="completions", model="m", prompt="p", max_tokens=3, ignore_eos=False
     )
     assert body["prompt"] == "p" and "ignore_eos" not in body
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 9) | st.floats(0, 3) | st.text(max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=2) | st.dictionaries(st.text(max_size=3), inner, max_size=2)
+    ),
+    max_leaves=6,
+)
+
+
+def _maybe(value: st.SearchStrategy) -> st.SearchStrategy:
+    return st.one_of(value, _JSON_VALUES)
+
+
+_CHOICE = st.fixed_dictionaries(
+    {},
+    optional={
+        "text": _maybe(st.text(max_size=4)),
+        "delta": _maybe(
+            st.fixed_dictionaries({}, optional={"content": _maybe(st.text(max_size=4))})
+        ),
+        "finish_reason": _maybe(st.sampled_from(["length", "stop"])),
+    },
+)
+_CHUNK = st.fixed_dictionaries(
+    {},
+    optional={
+        "id": _maybe(st.just("cmpl-x")),
+        "object": _maybe(st.sampled_from(["text_completion", "error"])),
+        "choices": _maybe(st.lists(_maybe(_CHOICE), max_size=2)),
+        "usage": _maybe(
+            st.fixed_dictionaries(
+                {},
+                optional={
+                    "completion_tokens": _maybe(st.integers(0, 9)),
+                    "prompt_tokens": _maybe(st.integers(0, 9)),
+                },
+            )
+        ),
+        "error": _JSON_VALUES,
+    },
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(obj=_CHUNK)
+def test_typed_chunk_decoding_means_what_the_generic_reading_means(obj: dict) -> None:
+    data = json.dumps(obj).encode()
+    assert parse_payload(data) == _parse_generic(data, "message")
+    assert parse_payload(data) == parse_payload(data.decode())
