@@ -1,10 +1,16 @@
 """One streamed request over a plain TCP socket, read at the pace a read behaviour sets.
 
-The HTTP/1.1 exchange (request, response head, chunked body) is framed by ``h11``; this module
-does the socket I/O itself, so every ``recv`` asks for exactly ``bytes_per_read`` bytes. (A
-client library that reads 64 KiB per ``recv``, as httpx's default transport does, would drain
-the kernel buffer and defeat pacing.) Under Locust the stdlib ``socket`` and ``time.sleep`` are
+The request is framed by ``h11``; the response (head, chunked or sized body) is parsed by
+``httptools`` (llhttp, the parser uvicorn uses), which hands the body bytes of each ``recv``
+to the SSE decoder in one call. This module does the socket I/O itself, so every ``recv`` asks
+for exactly ``bytes_per_read`` bytes and is stamped once with CLOCK_MONOTONIC. (A client
+library that reads 64 KiB per ``recv``, as httpx's default transport does, would drain the
+kernel buffer and defeat pacing.) Under Locust the stdlib ``socket`` and ``time.sleep`` are
 monkey-patched by gevent and become cooperative; outside Locust they simply block.
+
+The request's deadline is one socket timeout, set again only when it has drifted by more than
+:data:`TIMEOUT_RESET_S` (setting it costs more than a ``recv`` of a few events), so a ``recv``
+can outlast the deadline by at most that much.
 
 :func:`stream_request` never raises for network or protocol trouble: what happened becomes the
 record's ``outcome`` (see ``_records.OUTCOMES``).
@@ -21,6 +27,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 import h11
+import httptools
 
 from ._actions import ActionConfig
 from ._openai import ENDPOINT_PATHS, Endpoint, TokenCounter, parse_payload, request_body
@@ -33,6 +40,9 @@ _MAX_ERROR_BODY_BYTES = 4096
 _USER_AGENT = "zerowindow-loadgen"
 CUT_POLL_S = 0.02
 """How often a holding client (``stall``, ``stop_reading``) checks whether the server cut it."""
+TIMEOUT_RESET_S = 0.05
+"""The socket timeout is set to the time left before the deadline again once it is this old
+(seconds): the most a blocked ``recv`` can outlast the deadline."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,6 +106,11 @@ class _Stream:
         self.done = False  # `[DONE]` seen
         self.error_seen = False
         self.error_body = bytearray()
+        self.parser = httptools.HttpResponseParser(self)
+        self.t_read = 0.0  # monotonic time of the recv being parsed
+        self.head_done = False  # the final (non-1xx) response head was parsed
+        self.body_framed = False  # Content-Length or chunked: EOF before the end is a cut
+        self.complete = False  # the response message ended
 
     # StreamControl
     def now(self) -> float:
@@ -148,7 +163,7 @@ class _Stream:
         self.sock.connect(addr)
         self.record.client_addr, self.record.client_port = local_address(self.sock)
 
-    def send_request(self, conn: h11.Connection, target: _Target) -> None:
+    def send_request(self, target: _Target) -> None:
         spec = self.spec
         body = json.dumps(
             request_body(
@@ -172,11 +187,32 @@ class _Stream:
                 ("X-Request-Id", spec.request_id),
             ],
         )
-        wire = conn.send(request) + conn.send(h11.Data(data=body)) + conn.send(h11.EndOfMessage())
+        conn = h11.Connection(our_role=h11.CLIENT)
+        wire = b"".join(
+            conn.send(event) or b"" for event in (request, h11.Data(data=body), h11.EndOfMessage())
+        )
         self.sock.settimeout(max(self.remaining_s(), 1e-3))
         self.sock.sendall(wire)
 
-    def on_body(self, data: bytes, t: float) -> None:
+    # httptools callbacks (llhttp calls them from ``parser.feed_data``)
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() in (b"content-length", b"transfer-encoding"):
+            self.body_framed = True
+
+    def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if status >= 200:  # a 1xx is followed by the real response
+            self.record.http_status = status
+            self.head_done = True
+        else:
+            self.body_framed = False
+
+    def on_message_complete(self) -> None:
+        if self.head_done:
+            self.complete = True
+
+    def on_body(self, data: bytes) -> None:
+        """The body bytes of one ``recv`` (de-chunked): SSE events, or an error body."""
         rec = self.record
         if rec.http_status != 200:
             room = _MAX_ERROR_BODY_BYTES - len(self.error_body)
@@ -185,11 +221,12 @@ class _Stream:
         for ev in self.decoder.feed(data):
             if self.done:
                 continue
-            payload = parse_payload(ev.data, event_type=ev.event)
-            if payload.kind == "done":
+            payload = parse_payload(ev.raw, event_type=ev.event)
+            kind = payload.kind
+            if kind == "done":
                 self.done = True
                 continue
-            if payload.kind == "error":
+            if kind == "error":
                 if not self.error_seen:
                     self.error_seen = True
                     rec.error = payload.error
@@ -199,12 +236,14 @@ class _Stream:
                 rec.prompt_tokens = payload.prompt_tokens
             if rec.stream_id is None:
                 rec.stream_id = payload.stream_id
-            if payload.kind != "chunk":
+            if kind != "chunk":
                 continue
             if payload.finish_reason is not None:
                 rec.finish_reason = payload.finish_reason
-            if tokens or payload.text:
-                rec.chunks.append(Chunk(t=t, tokens=tokens, bytes=ev.wire_bytes, text=payload.text))
+            text = payload.text
+            if tokens or text:
+                t = self.t_read
+                rec.chunks.append(Chunk(t, tokens, ev.wire_bytes, text))
                 if tokens and rec.t_first_token is None:
                     rec.t_first_token = t
 
@@ -219,57 +258,63 @@ class _Stream:
         self.record.t_action = self.now()
         return action.apply(self)
 
-    def read_loop(self, conn: h11.Connection) -> str:
+    def read_loop(self) -> str:
         """Read until the response ends; return the ending reason (an outcome)."""
         read = self.spec.read
-        slot = self.now()
+        bytes_per_read = read.bytes_per_read  # type: ignore[attr-defined]
+        acts = self.spec.action is not None
+        sock = self.sock
+        recv = sock.recv
+        now = time.monotonic
+        deadline = self.deadline
+        rec = self.record
+        feed = self.parser.feed_data
+        timeout_set_at = -TIMEOUT_RESET_S
+        slot = now()
         while True:
-            ended_by_action = self.maybe_act()
-            if ended_by_action is not None:
-                return ended_by_action
-            wait_s = slot - self.now()
-            if wait_s > 0 and not self.pause(wait_s):
-                return "timeout"
-            slot = max(slot, self.now())
-            remaining = self.remaining_s()
+            if acts:
+                ended_by_action = self.maybe_act()
+                if ended_by_action is not None:
+                    return ended_by_action
+            t = now()
+            if slot > t:
+                if not self.pause(slot - t):
+                    return "timeout"
+                t = now()
+            else:
+                slot = t
+            remaining = deadline - t
             if remaining <= 0:
                 return "timeout"
-            self.sock.settimeout(remaining)
-            data = self.sock.recv(read.bytes_per_read)  # type: ignore[attr-defined]  # OSError: caller
-            t = self.now()
+            if t - timeout_set_at >= TIMEOUT_RESET_S:
+                sock.settimeout(remaining)
+                timeout_set_at = t
+            data = recv(bytes_per_read)  # OSError, TimeoutError: the caller
+            t = now()
             slot = read.next_read_at(slot, t)
-            rec = self.record
-            if data:
-                rec.bytes_received += len(data)
-                rec.t_last_byte = t
-                if rec.t_first_byte is None:
-                    rec.t_first_byte = t
-            conn.receive_data(data)
-            while True:
-                try:
-                    event = conn.next_event()
-                except h11.RemoteProtocolError as e:
-                    if not data:  # EOF in the middle of the body
-                        self.note_cut("fin")
-                        rec.error = rec.error or f"connection closed by server: {e}"
-                        return "cut_by_peer"
+            if not data:
+                return self._at_eof()
+            rec.bytes_received += len(data)
+            rec.t_last_byte = t
+            if rec.t_first_byte is None:
+                rec.t_first_byte = t
+            self.t_read = t
+            try:
+                feed(data)
+            except httptools.HttpParserError as e:
+                if not self.complete:
                     rec.error = rec.error or f"HTTP protocol error: {e}"
                     return "protocol_error"
-                if event is h11.NEED_DATA:
-                    break
-                if isinstance(event, h11.Response):
-                    rec.http_status = event.status_code
-                elif isinstance(event, h11.Data):
-                    self.on_body(bytes(event.data), t)
-                elif isinstance(event, h11.EndOfMessage):
-                    return "eom"
-                elif isinstance(event, h11.ConnectionClosed) or event is h11.PAUSED:
-                    rec.error = rec.error or "connection closed by server"
-                    return "cut_by_peer"
-            if not data:
-                self.note_cut("fin")
-                rec.error = rec.error or "connection closed by server"
-                return "cut_by_peer"
+            if self.complete:
+                return "eom"
+
+    def _at_eof(self) -> str:
+        """The server closed the connection: the end of a close-delimited body, else a cut."""
+        if self.head_done and not self.body_framed:
+            return "eom"  # RFC 9112 section 6.3: a body without framing ends at close
+        self.note_cut("fin")
+        self.record.error = self.record.error or "connection closed by server"
+        return "cut_by_peer"
 
     def outcome(self, ending: str) -> str:
         """Final outcome: HTTP status first, then error events, `[DONE]`, then the ending."""
@@ -332,9 +377,8 @@ def stream_request(
     ending = "timeout"
     try:
         stream.connect(addr)  # type: ignore[arg-type]
-        conn = h11.Connection(our_role=h11.CLIENT)
-        stream.send_request(conn, target)
-        ending = stream.read_loop(conn)
+        stream.send_request(target)
+        ending = stream.read_loop()
     except TimeoutError:  # socket.timeout is TimeoutError since 3.10
         ending = "timeout"
     except OSError as e:  # ECONNRESET, ECONNREFUSED, EPIPE, name resolution...
