@@ -111,6 +111,7 @@ class _Stream:
         self.head_done = False  # the final (non-1xx) response head was parsed
         self.body_framed = False  # Content-Length or chunked: EOF before the end is a cut
         self.complete = False  # the response message ended
+        self.body: list[bytes] = []  # body pieces of the recv being parsed (one per HTTP chunk)
 
     # StreamControl
     def now(self) -> float:
@@ -212,7 +213,13 @@ class _Stream:
             self.complete = True
 
     def on_body(self, data: bytes) -> None:
+        self.body.append(data)  # handled once per recv, by take_body
+
+    def take_body(self) -> None:
         """The body bytes of one ``recv`` (de-chunked): SSE events, or an error body."""
+        body = self.body
+        data = body[0] if len(body) == 1 else b"".join(body)
+        body.clear()
         rec = self.record
         if rec.http_status != 200:
             room = _MAX_ERROR_BODY_BYTES - len(self.error_body)
@@ -259,7 +266,26 @@ class _Stream:
         return action.apply(self)
 
     def read_loop(self) -> str:
-        """Read until the response ends; return the ending reason (an outcome)."""
+        """Read until the response ends; return the ending reason (an outcome).
+
+        Raises ``TimeoutError`` if a ``recv`` blocks past the deadline, ``OSError`` for socket
+        errors. Under gevent the deadline is one ``gevent.Timeout`` for the whole read and the
+        socket has no timeout (gevent arms a timer for every blocking ``recv`` of a socket with
+        one); elsewhere it is the socket timeout, set again once :data:`TIMEOUT_RESET_S` old.
+        """
+        if not type(self.sock).__module__.startswith("gevent."):
+            return self._read_loop(reset_timeout=True)
+        import gevent  # already imported: it made this socket
+
+        self.sock.settimeout(None)
+        guard = gevent.Timeout(max(self.remaining_s(), 0.0), TimeoutError("request deadline"))
+        guard.start()
+        try:
+            return self._read_loop(reset_timeout=False)
+        finally:
+            guard.close()
+
+    def _read_loop(self, *, reset_timeout: bool) -> str:
         read = self.spec.read
         bytes_per_read = read.bytes_per_read  # type: ignore[attr-defined]
         acts = self.spec.action is not None
@@ -269,7 +295,7 @@ class _Stream:
         deadline = self.deadline
         rec = self.record
         feed = self.parser.feed_data
-        timeout_set_at = -TIMEOUT_RESET_S
+        timeout_set_at = -TIMEOUT_RESET_S if reset_timeout else float("inf")
         slot = now()
         while True:
             if acts:
@@ -303,8 +329,12 @@ class _Stream:
                 feed(data)
             except httptools.HttpParserError as e:
                 if not self.complete:
+                    if self.body:
+                        self.take_body()
                     rec.error = rec.error or f"HTTP protocol error: {e}"
                     return "protocol_error"
+            if self.body:
+                self.take_body()
             if self.complete:
                 return "eom"
 

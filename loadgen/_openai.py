@@ -140,18 +140,26 @@ def _from_chunk(chunk: _Chunk) -> Payload:
             prompt_tokens=prompt_tokens,
             stream_id=chunk.id,
         )
-    finish_reason: str | None = None
-    texts: list[str] = []
-    for choice in chunk.choices:
+    choices = chunk.choices
+    if len(choices) == 1:  # the usual case (n = 1)
+        choice = choices[0]
         delta = choice.delta
-        piece = delta.content if delta is not None else choice.text
-        if piece is not None:
-            texts.append(piece)
-        if choice.finish_reason is not None:
-            finish_reason = choice.finish_reason
+        text = (delta.content if delta is not None else choice.text) or ""
+        finish_reason = choice.finish_reason
+    else:
+        finish_reason = None
+        texts: list[str] = []
+        for choice in choices:
+            delta = choice.delta
+            piece = delta.content if delta is not None else choice.text
+            if piece is not None:
+                texts.append(piece)
+            if choice.finish_reason is not None:
+                finish_reason = choice.finish_reason
+        text = "".join(texts)
     return Payload(
         kind="chunk",
-        text=texts[0] if len(texts) == 1 else "".join(texts),
+        text=text,
         completion_tokens=completion_tokens,
         prompt_tokens=prompt_tokens,
         finish_reason=finish_reason,

@@ -101,10 +101,17 @@ class SSEDecoder:
             raise RuntimeError("SSEDecoder.feed() after close()")
         if not data:
             return []
-        if not self._at_start and b"\n" not in data and b"\r" not in data:
-            self._rest.append(bytes(data))  # no line ends yet: joined once one comes
-            return []
         rest = self._rest
+        if not self._at_start and b"\r" not in data:
+            # No event ends in this read: keep it for later (joined once one does), so a
+            # long event read in small pieces is joined once, not once per read.
+            if b"\n\n" not in data and not (
+                data[:1] == b"\n" and (not rest or rest[-1][-1:] == b"\n")
+            ):
+                if not self._after_cr or data[:1] != b"\n":
+                    self._after_cr = False
+                    rest.append(bytes(data))
+                    return []
         buf = b"".join((*rest, data)) if rest else bytes(data)
         rest.clear()
         if self._at_start:
@@ -122,19 +129,35 @@ class SSEDecoder:
                 buf = buf[1:]
                 self._pending_bytes += 1
         events: list[SSEEvent] = []
-        if b"\r" not in buf:
-            lines = buf.split(b"\n")
-            last = lines.pop()
+        if b"\r" not in buf:  # LF line ends only (vLLM, OpenAI): the fast path
+            while buf[:1] == b"\n":  # buf starts a line: an empty one
+                self._line(b"", 1, events)
+                buf = buf[1:]
+            blocks = buf.split(b"\n\n")  # each but the last: the lines of one event
+            last = blocks.pop()
             if last:
                 rest.append(last)
-            for line in lines:
-                self._pending_bytes += len(line) + 1
-                if line:
-                    self._field(line)
-                elif self._data:
-                    events.append(self._dispatch())
-                else:
-                    self._event_type = b""  # spec: an empty data buffer dispatches nothing
+            for block in blocks:
+                if (
+                    block[:6] == b"data: "
+                    and b"\n" not in block
+                    and not self._data
+                    and not self._event_type
+                ):  # an event of one data line: dispatched here
+                    events.append(
+                        SSEEvent(
+                            block[6:],
+                            "message",
+                            self._last_id,
+                            self._retry_ms,
+                            self._pending_bytes + len(block) + 2,
+                        )
+                    )
+                    self._pending_bytes = 0
+                    continue
+                for line in block.split(b"\n"):
+                    self._line(line, 1, events)
+                self._line(b"", 1, events)
             return events
         parts = _EOL.split(buf)  # [line, eol, line, eol, ..., rest]
         if parts[-1]:
@@ -142,14 +165,7 @@ class SSEDecoder:
         elif buf.endswith(b"\r"):
             self._after_cr = True  # an LF at the start of the next read ends nothing more
         for i in range(0, len(parts) - 1, 2):
-            line = parts[i]
-            self._pending_bytes += len(line) + len(parts[i + 1])
-            if line:
-                self._field(line)
-            elif self._data:
-                events.append(self._dispatch())
-            else:
-                self._event_type = b""
+            self._line(parts[i], len(parts[i + 1]), events)
         return events
 
     def close(self) -> None:
@@ -158,6 +174,16 @@ class SSEDecoder:
         self._rest.clear()
         self._data.clear()
         self._event_type = b""
+
+    def _line(self, line: bytes, eol_bytes: int, events: list[SSEEvent]) -> None:
+        """One complete line (without its ``eol_bytes``-byte line end)."""
+        self._pending_bytes += len(line) + eol_bytes
+        if line:
+            self._field(line)
+        elif self._data:
+            events.append(self._dispatch())
+        else:
+            self._event_type = b""  # spec: an empty data buffer dispatches nothing
 
     def _field(self, line: bytes) -> None:
         if line.startswith(b"data:"):
