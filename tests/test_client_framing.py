@@ -1,0 +1,171 @@
+"""The client's response framing (httptools) on scripted raw responses: sized, chunked and
+close-delimited bodies, an informational response first, truncated and malformed bodies,
+events split at every byte across writes, and the request deadline under gevent."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from loadgen import RequestSpec, stream_request
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _event(i: int, *, eol: bytes = b"\n") -> bytes:
+    obj = {
+        "id": "cmpl-t",
+        "choices": [{"index": 0, "text": f"t{i}", "finish_reason": None}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": i + 1},
+    }
+    return b"data: " + json.dumps(obj).encode() + eol + eol
+
+
+def _sse(n: int, *, eol: bytes = b"\n") -> bytes:
+    return b"".join(_event(i, eol=eol) for i in range(n)) + b"data: [DONE]" + eol + eol
+
+
+def _chunked(body: bytes, size: int = 97) -> bytes:
+    parts = [body[i : i + size] for i in range(0, len(body), size)]
+    return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n"
+
+
+_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+
+
+class OneShot:
+    """Answers one request with ``pieces`` (written one by one, ``gap_s`` apart), then closes."""
+
+    def __init__(self, pieces: list[bytes], gap_s: float = 0.0) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.thread = threading.Thread(target=self._serve, args=(pieces, gap_s), daemon=True)
+        self.thread.start()
+
+    def _serve(self, pieces: list[bytes], gap_s: float) -> None:
+        conn, _ = self.sock.accept()
+        with conn:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn.recv(65536)
+            for piece in pieces:
+                conn.sendall(piece)
+                if gap_s:
+                    time.sleep(gap_s)
+            conn.shutdown(socket.SHUT_WR)
+            time.sleep(0.2)
+        self.sock.close()
+
+
+@pytest.fixture
+def one_shot() -> Iterator[type[OneShot]]:
+    yield OneShot
+
+
+def _spec(url: str, **kw: object) -> RequestSpec:
+    return RequestSpec(host=url, model="m", prompt="p", prompt_tokens=1, timeout_s=10, **kw)  # type: ignore[arg-type]
+
+
+def test_chunked_body_split_at_every_byte_keeps_every_event(one_shot: type[OneShot]) -> None:
+    wire = _HEAD + b"transfer-encoding: chunked\r\n\r\n" + _chunked(_sse(5))
+    server = one_shot([wire[i : i + 1] for i in range(len(wire))])
+    rec = stream_request(_spec(server.url))
+    assert rec.outcome == "complete", rec.error
+    assert [c.text for c in rec.chunks] == [f"t{i}" for i in range(5)]
+    assert rec.completion_tokens == 5
+    assert sum(c.bytes for c in rec.chunks) == len(_sse(5)) - len(b"data: [DONE]\n\n")
+
+
+def test_sized_body_with_crlf_events(one_shot: type[OneShot]) -> None:
+    body = _sse(4, eol=b"\r\n")
+    server = one_shot([_HEAD + b"content-length: %d\r\n\r\n" % len(body) + body])
+    rec = stream_request(_spec(server.url))
+    assert rec.outcome == "complete", rec.error
+    assert [c.tokens for c in rec.chunks] == [1, 1, 1, 1]
+
+
+def test_close_delimited_body_ends_at_eof(one_shot: type[OneShot]) -> None:
+    server = one_shot([_HEAD + b"\r\n", _sse(3)], gap_s=0.05)
+    rec = stream_request(_spec(server.url))
+    assert rec.outcome == "complete", rec.error
+    assert rec.completion_tokens == 3
+
+
+def test_informational_response_before_the_real_one(one_shot: type[OneShot]) -> None:
+    wire = b"HTTP/1.1 103 Early Hints\r\nlink: </x>\r\n\r\n"
+    wire += _HEAD + b"transfer-encoding: chunked\r\n\r\n" + _chunked(_sse(2))
+    server = one_shot([wire])
+    rec = stream_request(_spec(server.url))
+    assert (rec.outcome, rec.http_status) == ("complete", 200), rec.error
+
+
+def test_eof_inside_a_chunked_body_is_a_cut(one_shot: type[OneShot]) -> None:
+    wire = _HEAD + b"transfer-encoding: chunked\r\n\r\n" + _chunked(_sse(4))
+    server = one_shot([wire[: len(wire) // 2]])
+    rec = stream_request(_spec(server.url))
+    assert rec.outcome == "cut_by_peer"
+    assert rec.cut_kind == "fin" and rec.t_cut_seen is not None
+    assert 0 < len(rec.chunks) < 4
+
+
+def test_eof_after_a_complete_message_without_done_is_a_cut(one_shot: type[OneShot]) -> None:
+    body = _event(0)
+    server = one_shot([_HEAD + b"content-length: %d\r\n\r\n" % len(body) + body])
+    rec = stream_request(_spec(server.url))
+    assert rec.outcome == "cut_by_peer"
+    assert rec.error == "response ended without [DONE]"
+
+
+def test_malformed_chunk_size_is_an_http_error(one_shot: type[OneShot]) -> None:
+    wire = _HEAD + b"transfer-encoding: chunked\r\n\r\n" + _chunked(_event(0))[:-5] + b"zz\r\n"
+    server = one_shot([wire])
+    rec = stream_request(_spec(server.url))
+    assert rec.outcome == "http_error"
+    assert rec.error is not None and "protocol error" in rec.error
+    assert len(rec.chunks) == 1  # what came before the bad bytes is kept
+
+
+def test_error_body_of_a_non_200_is_recorded(one_shot: type[OneShot]) -> None:
+    body = b'{"error": "overloaded"}'
+    wire = b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: %d\r\n\r\n" % len(body) + body
+    server = one_shot([wire])
+    rec = stream_request(_spec(server.url))
+    assert (rec.outcome, rec.http_status) == ("http_error", 503)
+    assert rec.error == 'HTTP 503: {"error": "overloaded"}'
+
+
+_GEVENT_DEADLINE = """
+from gevent import monkey; monkey.patch_all()
+import json, socket, sys, time, gevent
+from loadgen import RequestSpec, stream_request
+srv = socket.create_server(("127.0.0.1", 0))
+def serve():
+    c, _ = srv.accept(); c.recv(65536)
+    c.sendall(b"HTTP/1.1 200 OK\\r\\ntransfer-encoding: chunked\\r\\n\\r\\n")
+    gevent.sleep(30)
+gevent.spawn(serve)
+url = "http://127.0.0.1:%d" % srv.getsockname()[1]
+t0 = time.monotonic()
+rec = stream_request(RequestSpec(host=url, model="m", prompt="p", prompt_tokens=1, timeout_s=1.0))
+print(json.dumps({"outcome": rec.outcome, "status": rec.http_status,
+                  "elapsed_s": time.monotonic() - t0, "socket": socket.socket.__module__}))
+"""
+
+
+def test_deadline_under_gevent_is_one_timer_for_the_request() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", _GEVENT_DEADLINE], cwd=ROOT, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["socket"].startswith("gevent")
+    assert (out["outcome"], out["status"]) == ("timeout", 200)
+    assert 0.9 < out["elapsed_s"] < 5.0
