@@ -8,9 +8,10 @@ library that reads 64 KiB per ``recv``, as httpx's default transport does, would
 kernel buffer and defeat pacing.) Under Locust the stdlib ``socket`` and ``time.sleep`` are
 monkey-patched by gevent and become cooperative; outside Locust they simply block.
 
-The request's deadline is one socket timeout, set again only when it has drifted by more than
-:data:`TIMEOUT_RESET_S` (setting it costs more than a ``recv`` of a few events), so a ``recv``
-can outlast the deadline by at most that much.
+The request's deadline costs nothing per ``recv``: under gevent it is one ``gevent.Timeout``
+for the whole response (a socket timeout would arm a gevent timer at every blocking ``recv``);
+with plain sockets it is the socket timeout, set again only once :data:`TIMEOUT_RESET_S` old,
+so a ``recv`` can outlast the deadline by at most that much.
 
 :func:`stream_request` never raises for network or protocol trouble: what happened becomes the
 record's ``outcome`` (see ``_records.OUTCOMES``).
