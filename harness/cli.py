@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from harness._cli_bench import bench_app
 from harness._cli_errors import fail, setup_errors
 from harness._cli_tools import add_tool_commands
 from harness.gates import BaselineError, load_baseline, save_baseline
@@ -37,6 +38,7 @@ app = typer.Typer(
 add_tool_commands(app)
 baseline_app = typer.Typer(help="Baselines for relative gates.", no_args_is_help=True)
 app.add_typer(baseline_app, name="baseline")
+app.add_typer(bench_app, name="bench")
 # What stops `run` before it measures, by the error's class (harness._cli_errors).
 _RUN_TITLES = {
     ScenarioError: "invalid argument",

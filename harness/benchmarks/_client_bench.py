@@ -1,106 +1,104 @@
-"""Benchmarks of the load generator itself: how many slow streams one load process holds, how
-many SSE events per second it parses and timestamps, and how exact its ITL is.
+"""Benchmarks of a load client on one SSE workload: how many events per second it parses and
+timestamps, what each event costs it in CPU, how exact its ITL is, and how many slow streams
+one load process holds.
 
-The server is ``bench/_sse_server.py`` (pinned to core 0), which stamps each chunk with its
-CLOCK_MONOTONIC emission time; the client (pinned to core 1) is one real Locust process running
-the toolkit's locustfile and user classes (``python -m locust -f loadgen/locustfile.py
---zw-group-config ...``), exactly as ``zerowindow run`` starts a group, or vLLM's benchmark
-request function (``bench/_vllm_client.py``) on the same workload.
+The server is the bench SSE server (:mod:`harness.benchmarks._sse_server`, pinned to one CPU),
+which stamps each chunk with its CLOCK_MONOTONIC emission time; the client (pinned to another)
+is one real Locust process running the toolkit's locustfile and user classes (``python -m
+locust -f loadgen/locustfile.py --zw-group-config ...``), as ``zerowindow run`` starts a
+group, or vLLM's benchmark request function (:mod:`harness.benchmarks._vllm_client`) on the
+same workload.
 
 ITL error: for every pair of consecutive chunks of a stream, the gap the client measured minus
 the gap between the server's emission times, in ms (absolute value; p50, p99). Delivery delay:
-client timestamp minus emission time (both CLOCK_MONOTONIC of this machine).
-
-    python bench/_loadgen_bench.py slow --streams 10000
-    python bench/_loadgen_bench.py itl --streams 100 --interval-ms 5 --events 2000
-    python bench/_loadgen_bench.py itl --client vllm --streams 100 --interval-ms 5 --events 2000
+client timestamp minus emission time (both CLOCK_MONOTONIC of this machine). Client CPU: the
+client process's utime + stime, sampled every 20 ms, over the window from its first to its
+last chunk.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
-import resource
 import shutil
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-SERVER = ROOT / "bench" / "_sse_server.py"
-VLLM_CLIENT = ROOT / "bench" / "_vllm_client.py"
-LOCUSTFILE = ROOT / "loadgen" / "locustfile.py"
-SERVER_CPU, CLIENT_CPU = "0", "1"
-CLK_TCK = os.sysconf("SC_CLK_TCK")
+import loadgen
+from harness.benchmarks._common import (
+    BenchError,
+    Children,
+    CpuTrace,
+    module_argv,
+    percentile,
+    pin_argv,
+    placement,
+    proc_cpu_s,
+    raise_nofile,
+)
+
+LOCUSTFILE = Path(loadgen.__file__).with_name("locustfile.py")
+CLIENTS = ("zerowindow", "vllm")
 
 
-def _pin(cpu: str) -> list[str]:
-    return ["taskset", "-c", cpu] if shutil.which("taskset") and (os.cpu_count() or 1) > 1 else []
+def _cpus() -> tuple[int | None, int | None]:
+    """(server CPU, client CPU), or (None, None) on a machine with one CPU."""
+    pair = placement()
+    return pair if pair is not None else (None, None)
 
 
-def _raise_nofile() -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+class SseServer:
+    """The bench SSE server as a child process of ``children``, its stats lines collected by a
+    thread."""
 
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return math.nan
-    s = sorted(values)
-    k = (len(s) - 1) * q / 100.0
-    lo, hi = math.floor(k), math.ceil(k)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
-
-
-class Server:
-    """The bench SSE server as a child process, its stats lines collected by a thread."""
-
-    def __init__(self, *, events: int, interval_ms: float, loop: str = "asyncio") -> None:
-        _raise_nofile()
-        self.argv = [
-            *_pin(SERVER_CPU), sys.executable, str(SERVER), "--port", "0",
-            "--events", str(events), "--interval-ms", str(interval_ms), "--loop", loop,
-            "--stats-interval-s", "0.5",
+    def __init__(
+        self, children: Children, *, events: int, interval_ms: float, loop: str = "asyncio"
+    ) -> None:
+        raise_nofile()
+        argv = [
+            *pin_argv(_cpus()[0]),
+            *module_argv(
+                "harness.benchmarks._sse_server", "--port", "0", "--events", str(events),
+                "--interval-ms", str(interval_ms), "--loop", loop, "--stats-interval-s", "0.5",
+            ),
         ]  # fmt: skip
-        self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, text=True)
+        self.proc = children.start(argv, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
-        first = json.loads(self.proc.stdout.readline())
-        self.port = int(first["listening"])
+        line = self.proc.stdout.readline()
+        try:
+            self.port = int(json.loads(line)["listening"])
+        except (ValueError, KeyError):
+            raise BenchError(f"the bench SSE server did not start: {line.strip()!r}") from None
         self.stats: list[dict[str, Any]] = []
         self._thread = threading.Thread(target=self._read, daemon=True)
         self._thread.start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            try:
-                self.stats.append(json.loads(line))
-            except ValueError:
-                pass
+        try:
+            for line in self.proc.stdout:
+                try:
+                    self.stats.append(json.loads(line))
+                except ValueError:
+                    pass
+        except (OSError, ValueError):  # closed by Children.stop
+            pass
 
     def latest(self) -> dict[str, Any]:
         return self.stats[-1] if self.stats else {"open": 0, "events": 0}
 
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
 
 def _group_config(
-    path: Path, *, port: int, streams: int, events: int, read: dict, rcvbuf: int | None
-) -> None:
+    path: Path, *, port: int, streams: int, events: int, read: dict[str, Any],
+    rcvbuf: int | None,
+) -> None:  # fmt: skip
     config = {
         "group": {
             "name": "bench", "users": streams, "requests_per_user": 1, "prompt_tokens": 1,
@@ -117,42 +115,45 @@ def _group_config(
 def _locust(
     workdir: Path, *, users: int, spawn_rate: int, run_time_s: int
 ) -> tuple[list[str], dict[str, str]]:
+    """One Locust process running the toolkit's locustfile, as ``zerowindow run`` starts a
+    group (saturation sampler included)."""
     argv = [
-        *_pin(CLIENT_CPU), sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless",
-        "-u", str(users), "-r", str(spawn_rate), "--run-time", f"{run_time_s}s",
+        *pin_argv(_cpus()[1]), sys.executable, "-m", "locust", "-f", str(LOCUSTFILE),
+        "--headless", "-u", str(users), "-r", str(spawn_rate), "--run-time", f"{run_time_s}s",
         "--stop-timeout", "0", "--only-summary", "--loglevel", "WARNING",
         "--zw-group-config", str(workdir / "group.json"),
     ]  # fmt: skip
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "ZW_SATURATION": str(workdir / "saturation-bench.jsonl"),
-    }
+    env = {**os.environ, "ZW_SATURATION": str(workdir / "saturation-bench.jsonl")}
     return argv, env
 
 
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
-
-
 def _rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return math.nan
 
 
-def _saturation(
-    path: Path, window: tuple[float, float] = (-math.inf, math.inf)
-) -> tuple[float, float]:
-    """(CPU p50 %, loop lag p99 ms) of the sampler's samples taken within ``window``."""
+def _lag_p99(path: Path, window: tuple[float, float]) -> float:
+    """The gevent hub's loop lag p99 (ms) of the sampler's samples taken within ``window``."""
     rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    rows = [r for r in rows if window[0] <= r["t"] <= window[1]]
-    return (
-        percentile([r["cpu_pct"] for r in rows], 50),
-        percentile([r["loop_lag_ms"] for r in rows], 99),
-    )
+    return percentile([r["loop_lag_ms"] for r in rows if window[0] <= r["t"] <= window[1]], 99)
+
+
+def _tail(path: Path, n: int = 1500) -> str:
+    try:
+        return path.read_text(errors="replace")[-n:]
+    except OSError:
+        return ""
+
+
+def _last_line(path: Path) -> str:
+    """The last non-empty line of a log (what a failed program said last)."""
+    lines = [line.strip() for line in _tail(path, 4000).splitlines() if line.strip()]
+    return lines[-1] if lines else f"nothing in {path.name}"
 
 
 @dataclass
@@ -167,7 +168,6 @@ class SlowResult:
     read_rate_p50_bytes_per_s: float  # per stream: bytes_received / (last byte - first byte)
     window_s: float
     ramp_s: float  # from starting the load process until every stream was open
-    command: str
 
 
 def run_slow(
@@ -177,95 +177,91 @@ def run_slow(
     ``SO_RCVBUF=rcvbuf``) in one Locust process; measure its CPU over ``window_s`` seconds once
     every stream is open (or the count stopped rising)."""
     workdir = Path(tempfile.mkdtemp(prefix="zw-bench-slow-"))
-    server = Server(events=1_000_000, interval_ms=1000)
-    read = {"kind": "paced", "bytes_per_read": bytes_per_s, "interval_s": 1.0}
-    _group_config(
-        workdir / "group.json", port=server.port, streams=streams, events=1_000_000, read=read,
-        rcvbuf=rcvbuf,
-    )  # fmt: skip
-    spawn_rate = 1000
-    ramp_s = streams / spawn_rate
-    run_time = int(ramp_s + window_s + 140)
-    argv, env = _locust(workdir, users=streams, spawn_rate=spawn_rate, run_time_s=run_time)
-    _raise_nofile()
-    log = open(workdir / "locust.log", "wb")  # noqa: SIM115 - a pipe nobody reads would block it
-    proc = subprocess.Popen(argv, env=env, cwd=workdir, stdout=log, stderr=subprocess.STDOUT)
     try:
-        # Wait until every stream is open, or the count has not risen for 15 s.
-        best, best_at, t0 = 0, time.monotonic(), time.monotonic()
-        while time.monotonic() - t0 < ramp_s + 90:
-            time.sleep(0.5)
-            n = int(server.latest()["open"])
-            if n > best:
-                best, best_at = n, time.monotonic()
-            if n >= streams or time.monotonic() - best_at > 15 or proc.poll() is not None:
-                break
-        ramp_done_s = time.monotonic() - t0
-        time.sleep(2.0)  # let the last readers settle into their pace
-        opened = []
-        c0, w0 = _cpu_s(proc.pid), time.monotonic()
-        while time.monotonic() - w0 < window_s:
-            time.sleep(0.5)
-            opened.append(int(server.latest()["open"]))
-        c1, w1 = _cpu_s(proc.pid), time.monotonic()
-        rss = _rss_mib(proc.pid)
-        proc.terminate()  # Locust stops its users: every stream is recorded as interrupted
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        with Children() as children:
+            server = SseServer(children, events=1_000_000, interval_ms=1000)
+            read = {"kind": "paced", "bytes_per_read": bytes_per_s, "interval_s": 1.0}
+            _group_config(
+                workdir / "group.json", port=server.port, streams=streams, events=1_000_000,
+                read=read, rcvbuf=rcvbuf,
+            )  # fmt: skip
+            spawn_rate = 1000
+            ramp_s = streams / spawn_rate
+            run_time = int(ramp_s + window_s + 140)
+            argv, env = _locust(workdir, users=streams, spawn_rate=spawn_rate, run_time_s=run_time)
+            with open(workdir / "locust.log", "wb") as log:
+                proc = children.start(
+                    argv, env=env, cwd=workdir, stdout=log, stderr=subprocess.STDOUT
+                )
+            # Wait until every stream is open, or the count has not risen for 15 s.
+            best, best_at, t0 = 0, time.monotonic(), time.monotonic()
+            while time.monotonic() - t0 < ramp_s + 90:
+                time.sleep(0.5)
+                n = int(server.latest()["open"])
+                if n > best:
+                    best, best_at = n, time.monotonic()
+                if n >= streams or time.monotonic() - best_at > 15 or proc.poll() is not None:
+                    break
+            ramp_done_s = time.monotonic() - t0
+            time.sleep(2.0)  # let the last readers settle into their pace
+            opened = []
+            c0, w0 = proc_cpu_s(proc.pid), time.monotonic()
+            while time.monotonic() - w0 < window_s:
+                time.sleep(0.5)
+                opened.append(int(server.latest()["open"]))
+            c1, w1 = proc_cpu_s(proc.pid), time.monotonic()
+            rss = _rss_mib(proc.pid)
+            # Locust stops its users on SIGTERM: every stream is recorded as interrupted.
+            Children.stop(proc, grace_s=120)
+        rates = []
+        records = workdir / "records-bench.jsonl"
+        if records.exists():
+            for line in records.read_text().splitlines():
+                r = json.loads(line)
+                first, last = r.get("t_first_byte"), r.get("t_last_byte")
+                if first and last and last - first > 5:
+                    rates.append(r["bytes_received"] / (last - first))
+        if min(opened, default=0) < streams:  # say why, from the load process's own log
+            print(
+                "slow readers: not every stream opened; Locust log ends:\n"
+                + _tail(workdir / "locust.log"),
+                file=sys.stderr,
+            )
+        return SlowResult(
+            target_streams=streams,
+            streams_open=min(opened) if opened else 0,
+            cpu_pct=100.0 * (c1 - c0) / (w1 - w0),
+            rss_mib=rss,
+            loop_lag_p99_ms=_lag_p99(workdir / "saturation-bench.jsonl", (w0, w1)),
+            read_rate_p50_bytes_per_s=percentile(rates, 50),
+            window_s=w1 - w0,
+            ramp_s=ramp_done_s,
+        )
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        server.stop()
-    rates = []
-    records = workdir / "records-bench.jsonl"
-    if records.exists():
-        for line in records.read_text().splitlines():
-            r = json.loads(line)
-            first, last = r.get("t_first_byte"), r.get("t_last_byte")
-            if first and last and last - first > 5:
-                rates.append(r["bytes_received"] / (last - first))
-    _, lag_p99 = _saturation(workdir / "saturation-bench.jsonl", (w0, w1))
-    log.close()
-    if min(opened, default=0) < streams:  # say why, from the load process's own log
-        tail = (workdir / "locust.log").read_text(errors="replace")[-1500:]
-        print(f"slow readers: not every stream opened; Locust log ends:\n{tail}", file=sys.stderr)
-    shutil.rmtree(workdir, ignore_errors=True)
-    return SlowResult(
-        target_streams=streams,
-        streams_open=min(opened) if opened else 0,
-        cpu_pct=100.0 * (c1 - c0) / (w1 - w0),
-        rss_mib=rss,
-        loop_lag_p99_ms=lag_p99,
-        read_rate_p50_bytes_per_s=percentile(rates, 50),
-        window_s=w1 - w0,
-        ramp_s=ramp_done_s,
-        command=f"python bench/_loadgen_bench.py slow --streams {streams}",
-    )
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 @dataclass
 class ItlResult:
-    """Full-speed consumption and ITL accuracy of one client on one workload."""
+    """Consumption, CPU and ITL accuracy of one client on one workload."""
 
     client: str  # "zerowindow" | "vllm"
     streams: int
     interval_ms: float  # server's gap between a stream's chunks (0: as fast as possible)
-    offered_events_per_s: float  # streams / interval (inf for 0)
+    offered_events_per_s: float  # streams * 1000 / interval (inf for 0)
     events: int  # chunks the client recorded
     events_per_s: float
     itl_err_p50_ms: float
     itl_err_p99_ms: float
     delay_p50_ms: float
     delay_p99_ms: float
-    cpu_pct: float  # client process, % of one core while streaming (mean)
+    cpu_pct: float  # client process, % of one core from its first to its last chunk
+    cpu_us_per_event: float  # client CPU over that window / events
+    server_cpu_pct: float  # the bench SSE server over the same window (100: it was the limit)
     failed: int
-    command: str
 
 
-def _errors(streams: list[tuple[list[float], list[int]]]) -> dict[str, float]:
+def _figures(streams: list[tuple[list[float], list[int]]]) -> dict[str, float]:
     """ITL error and delay over every chunk; events/s over the window in which every stream
     was streaming (from the last stream's first chunk to the first stream's last chunk), so
     that staggered starts and ends do not dilute the rate."""
@@ -300,111 +296,106 @@ def _errors(streams: list[tuple[list[float], list[int]]]) -> dict[str, float]:
     }
 
 
-def _emit_times(text: str) -> list[int]:
-    return [int(x) for x in text.split()]
+def _run_ours(
+    children: Children, workdir: Path, port: int, streams: int, events: int
+) -> tuple[list[tuple[list[float], list[int]]], int, CpuTrace]:
+    _group_config(
+        workdir / "group.json", port=port, streams=streams, events=events,
+        read={"kind": "full_speed"}, rcvbuf=None,
+    )  # fmt: skip
+    argv, env = _locust(workdir, users=streams, spawn_rate=streams, run_time_s=600)
+    with open(workdir / "locust.log", "wb") as log:
+        proc = children.start(argv, env=env, cwd=workdir, stdout=log, stderr=subprocess.STDOUT)
+    trace = CpuTrace(proc.pid)
+    code = children.wait(proc, 900)
+    trace.stop()
+    if code != 0:
+        raise BenchError(f"Locust exited with code {code}: {_last_line(workdir / 'locust.log')}")
+    per_stream, failed = [], 0
+    records = workdir / "records-bench.jsonl"
+    if not records.exists():
+        raise BenchError(f"Locust wrote no records: {_last_line(workdir / 'locust.log')}")
+    try:
+        for line in records.read_text().splitlines():
+            r = json.loads(line)
+            failed += r["outcome"] != "complete"
+            chunks = [c for c in r["chunks"] if c["text"].strip()]
+            per_stream.append(([c["t"] for c in chunks], [int(c["text"]) for c in chunks]))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise BenchError(f"cannot read the client's records ({records.name}): {exc!r}") from None
+    return per_stream, failed, trace
+
+
+def _run_vllm(
+    children: Children, workdir: Path, port: int, streams: int, events: int
+) -> tuple[list[tuple[list[float], list[int]]], int, CpuTrace]:
+    out = workdir / "vllm.json"
+    argv = [
+        *pin_argv(_cpus()[1]),
+        *module_argv(
+            "harness.benchmarks._vllm_client", "--url", f"http://127.0.0.1:{port}/v1/completions",
+            "--streams", str(streams), "--events", str(events), "--out", str(out),
+        ),
+    ]  # fmt: skip
+    with open(workdir / "vllm.log", "wb") as log:
+        proc = children.start(argv, stdout=log, stderr=subprocess.STDOUT)
+    trace = CpuTrace(proc.pid)
+    code = children.wait(proc, 900)
+    trace.stop()
+    if code != 0 or not out.exists():
+        raise BenchError(
+            f"vLLM's client exited with code {code}: {_last_line(workdir / 'vllm.log')}"
+        )
+    per_stream, failed = [], 0
+    try:
+        for r in json.loads(out.read_text())["requests"]:
+            failed += not r["success"]
+            t = [r["start_time"] + r["ttft"]]
+            for gap in r["itl"]:
+                t.append(t[-1] + gap)
+            emit = [int(x) for x in r["generated_text"].split()]
+            n = min(len(t), len(emit))
+            per_stream.append((t[:n], emit[:n]))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise BenchError(f"cannot read vLLM's client's output: {exc!r}") from None
+    return per_stream, failed, trace
 
 
 def run_itl(*, client: str, streams: int, interval_ms: float, events: int) -> ItlResult:
     """Stream ``events`` chunks on each of ``streams`` concurrent requests, one every
-    ``interval_ms`` (0: as fast as possible) and measure the client."""
+    ``interval_ms`` (0: as fast as possible), read by ``client`` (``zerowindow``: one Locust
+    process with the toolkit's locustfile; ``vllm``: vLLM's benchmark request function), and
+    measure the client. Raises :class:`BenchError` when the client fails."""
+    if client not in CLIENTS:
+        raise BenchError(f"unknown client {client!r}: one of {', '.join(CLIENTS)}")
     workdir = Path(tempfile.mkdtemp(prefix="zw-bench-itl-"))
-    server = Server(events=events, interval_ms=interval_ms)
-    command = (
-        f"python bench/_loadgen_bench.py itl --client {client} --streams {streams} "
-        f"--interval-ms {interval_ms:g} --events {events}"
-    )
-    failed = 0
     try:
-        if client == "zerowindow":
-            _group_config(
-                workdir / "group.json", port=server.port, streams=streams, events=events,
-                read={"kind": "full_speed"}, rcvbuf=None,
-            )  # fmt: skip
-            argv, env = _locust(workdir, users=streams, spawn_rate=streams, run_time_s=600)
-            proc = subprocess.run(
-                argv, env=env, cwd=workdir, capture_output=True, text=True, timeout=900
-            )
-            if proc.returncode != 0:
-                raise RuntimeError(f"locust failed: {proc.stderr[-2000:]}")
-            per_stream = []
-            for line in (workdir / "records-bench.jsonl").read_text().splitlines():
-                r = json.loads(line)
-                failed += r["outcome"] != "complete"
-                chunks = [c for c in r["chunks"] if c["text"].strip()]
-                per_stream.append(([c["t"] for c in chunks], [int(c["text"]) for c in chunks]))
-            sat_path = workdir / "saturation-bench.jsonl"
-        elif client == "vllm":
-            out = workdir / "vllm.json"
-            argv = [
-                *_pin(CLIENT_CPU), sys.executable, str(VLLM_CLIENT),
-                "--url", f"http://127.0.0.1:{server.port}/v1/completions",
-                "--streams", str(streams), "--events", str(events), "--out", str(out),
-            ]  # fmt: skip
-            env = {**os.environ, "PYTHONPATH": str(ROOT)}
-            proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
-            if proc.returncode != 0:
-                raise RuntimeError(f"vLLM client failed: {proc.stderr[-2000:]}")
-            data = json.loads(out.read_text())
-            per_stream = []
-            for r in data["requests"]:
-                failed += not r["success"]
-                t = [r["start_time"] + r["ttft"]]
-                for gap in r["itl"]:
-                    t.append(t[-1] + gap)
-                emit = _emit_times(r["generated_text"])
-                n = min(len(t), len(emit))
-                per_stream.append((t[:n], emit[:n]))
-            cpu = 100.0 * data["cpu_s"] / data["wall_s"]
-            sat_path = None
-        else:
-            raise ValueError(f"unknown client {client!r}: zerowindow or vllm")
-        figures = _errors(per_stream)
-        if sat_path is not None:  # ours: mean CPU of the samples taken while streaming
-            rows = [json.loads(x) for x in sat_path.read_text().splitlines()]
-            inside = [r["cpu_pct"] for r in rows if figures["first"] <= r["t"] <= figures["last"]]
-            cpu = sum(inside) / len(inside) if inside else math.nan
+        with Children() as children:
+            server = SseServer(children, events=events, interval_ms=interval_ms)
+            run = _run_ours if client == "zerowindow" else _run_vllm
+            server_trace = CpuTrace(server.proc.pid, period_s=0.05)
+            per_stream, failed, trace = run(children, workdir, server.port, streams, events)
+            server_trace.stop()
     finally:
-        server.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+    f = _figures(per_stream)
+    span = f["last"] - f["first"]
+    cpu_s = trace.between(f["first"], f["last"])
     return ItlResult(
         client=client,
         streams=streams,
         interval_ms=interval_ms,
         offered_events_per_s=streams * 1000.0 / interval_ms if interval_ms else math.inf,
-        events=int(figures["events"]),
-        events_per_s=figures["events_per_s"],
-        itl_err_p50_ms=figures["itl_err_p50_ms"],
-        itl_err_p99_ms=figures["itl_err_p99_ms"],
-        delay_p50_ms=figures["delay_p50_ms"],
-        delay_p99_ms=figures["delay_p99_ms"],
-        cpu_pct=cpu,
+        events=int(f["events"]),
+        events_per_s=f["events_per_s"],
+        itl_err_p50_ms=f["itl_err_p50_ms"],
+        itl_err_p99_ms=f["itl_err_p99_ms"],
+        delay_p50_ms=f["delay_p50_ms"],
+        delay_p99_ms=f["delay_p99_ms"],
+        cpu_pct=100.0 * cpu_s / span if span > 0 else math.nan,
+        cpu_us_per_event=cpu_s / f["events"] * 1e6 if f["events"] else math.nan,
+        server_cpu_pct=100.0 * server_trace.between(f["first"], f["last"]) / span
+        if span > 0
+        else math.nan,
         failed=failed,
-        command=command,
     )
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="what", required=True)
-    slow = sub.add_parser("slow", help="slow-reader capacity of one load process")
-    slow.add_argument("--streams", type=int, default=10_000)
-    slow.add_argument("--window-s", type=float, default=15.0)
-    itl = sub.add_parser("itl", help="full-speed consumption and ITL error")
-    itl.add_argument("--client", choices=("zerowindow", "vllm"), default="zerowindow")
-    itl.add_argument("--streams", type=int, default=100)
-    itl.add_argument("--interval-ms", type=float, default=5.0)
-    itl.add_argument("--events", type=int, default=2000)
-    args = parser.parse_args(argv)
-    if args.what == "slow":
-        result: Any = run_slow(streams=args.streams, window_s=args.window_s)
-    else:
-        result = run_itl(
-            client=args.client, streams=args.streams, interval_ms=args.interval_ms,
-            events=args.events,
-        )  # fmt: skip
-    print(json.dumps(asdict(result), indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

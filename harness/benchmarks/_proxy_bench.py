@@ -1,78 +1,89 @@
-"""Benchmark of the proxy kinds on one SSE workload: what each costs healthy readers.
+"""``zerowindow bench proxy``: the proxy kinds on one SSE workload, what each costs healthy
+readers, and issue 13's targets for the egress buffer against nginx.
 
-One synthetic upstream (``upstream`` sub-command: an asyncio/uvloop server that streams
-chunked SSE events of ``--event-bytes`` bytes, each carrying the CLOCK_MONOTONIC time it was
-written) and one raw-socket client run pinned to core 1; the proxy under test runs pinned to
-core 0 (every process and thread of its group, ``taskset -a``). For each proxy:
+One synthetic upstream and one raw-socket client (:mod:`harness.benchmarks._upstream`) run
+pinned to one CPU; the proxy under test runs pinned to another (every process and thread of
+its group, ``taskset -a``). For each proxy:
 
-- latency: ``--streams`` streams paced at ``--rate`` events/s each; per event, the time from
-  the upstream's write to the client's read; the figure is p99 through the proxy minus p99
-  direct (``none``), the latency the proxy adds. All proxies run at once and the trials go
-  round-robin ``--repeats`` times; each proxy keeps its lowest p50 and p99 (load from
-  elsewhere on the machine only ever adds latency);
+- latency: ``streams`` streams paced at ``rate`` events/s each; per event, the time from the
+  upstream's write to the client's read (the first second of each stream dropped); the
+  proxy's p50 and p99 minus those of the direct path (``none``) are the latency it adds. All
+  proxies run at once and the trials go round-robin ``repeats`` times; each proxy keeps its
+  lowest p50 and p99 (load from elsewhere on the machine only ever adds latency);
 - saturation: the same streams with the upstream writing as fast as each connection takes;
-  events/s received by the client, the proxy's CPU seconds (utime+stime of its processes)
-  per 1,000 events, and events per proxy CPU-second (events/s per core);
-- stalled streams: ``--stalled`` clients with a 4 KiB receive buffer that never read, each
-  sent ``--stalled-kib`` KiB that the upstream writes at once; the proxy's resident memory
-  (RSS of its process group) grown per stalled stream, 1 s after the last byte was written.
-
-    python bench/proxies.py --proxies none,egress,nginx-buffered,haproxy,haproxy-nodelay,envoy
+  events/s received by the client (the ceiling through the proxy), the proxy's CPU seconds
+  (utime+stime of its processes) per event, and events per proxy CPU-second;
+- stalled streams: ``stalled`` clients with a 4 KiB receive buffer that never read, each sent
+  ``stalled_kib`` KiB that the upstream writes at once; the proxy's resident memory (RSS of
+  its process group) grown per stalled stream, 1 s after the requests were sent.
 
 The proxies run with their defaults except: every proxy's kernel send buffer toward clients
 is 32 KiB (the egress buffer's default), nginx is the ``buffered-reset`` preset, HAProxy has
 ``timeout client 3s`` and ``option nolinger`` (``haproxy-nodelay``: also
-``option http-no-delay``), Envoy a 3 s stream idle timeout, and the egress
-buffer pauses reading the upstream when a stream's 256 KiB are full instead of cutting the
-client (the saturation phase's upstream outruns even a reader that keeps up).
+``option http-no-delay``), Envoy a 3 s stream idle timeout, and the egress buffer pauses
+reading the upstream when a stream's 256 KiB are full instead of cutting the client (the
+saturation phase's upstream outruns even a reader that keeps up).
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import json
+import math
 import os
-import re
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import psutil
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from harness.collectors._proxy_probe import procs_rss_bytes  # noqa: E402
+from harness.benchmarks._common import (
+    BenchError,
+    Children,
+    Machine,
+    Verdict,
+    check,
+    finite,
+    module_argv,
+    pin_argv,
+    placement,
+    proc_cpu_s,
+    raise_nofile,
+    ratio,
+)
+from harness.benchmarks._upstream import read_streams
+from harness.collectors._proxy_probe import procs_rss_bytes
 from harness.servers import (
     EgressProxyConfig,
     EnvoyProxyConfig,
     HaproxyProxyConfig,
     NginxProxyConfig,
     NoProxyConfig,
+    Proxy,
+    ProxyConfigBase,
     make_proxy,
 )
+from zwcore import ZerowindowError
 
-PROXY_CPU, LOAD_CPU = "0", "1"
 SNDBUF = 32 * 1024
+PROXY_NAMES = ("none", "egress", "nginx", "haproxy", "haproxy-nodelay", "envoy")
+# Issue 13's targets for the egress buffer, against nginx measured in the same run.
+TARGET_CPU_RATIO = 0.7  # egress events per CPU-second >= 0.7x nginx's
 
 
-def bench_configs() -> dict[str, Any]:
+def bench_configs() -> dict[str, ProxyConfigBase]:
     """The proxy configurations the benchmark compares, by name."""
     return {
         "none": NoProxyConfig(),
         # pause, not cut, on overflow: under the saturation phase the upstream outruns even a
         # reader that keeps up, and a cut would end the healthy streams being measured
         "egress": EgressProxyConfig(kind="egress", overflow="pause"),
-        "nginx-buffered": NginxProxyConfig(
+        "nginx": NginxProxyConfig(
             kind="nginx", preset="buffered-reset", client_sndbuf_bytes=SNDBUF
         ),
         "haproxy": HaproxyProxyConfig(
@@ -84,221 +95,107 @@ def bench_configs() -> dict[str, Any]:
             nolinger=True,
             http_no_delay=True,
             client_sndbuf_bytes=SNDBUF,
-        ),
+        ),  # fmt: skip
         "envoy": EnvoyProxyConfig(
             kind="envoy", stream_idle_timeout_s=3, client_sndbuf_bytes=SNDBUF
         ),
     }
 
 
-# --------------------------------------------------------------------------- upstream
+@dataclass
+class ProxyWorkload:
+    """The sizes of one proxy benchmark (defaults: the figures of bench/RESULTS.md)."""
+
+    streams: int = 64
+    rate: float = 50.0  # events/s per paced stream
+    duration_s: float = 10.0  # of each paced trial
+    repeats: int = 3  # latency trials per proxy
+    flood_events: int = 5000  # per stream in the saturation phase
+    event_bytes: int = 200
+    stalled: int = 200
+    stalled_kib: int = 128
+
+    def check(self) -> None:
+        """Raises :class:`BenchError` when a size cannot make a measurement."""
+        not_positive = [k for k, v in vars(self).items() if v <= 0]
+        if not_positive:
+            raise BenchError(f"must be positive: {', '.join(sorted(not_positive))}")
+        if self.event_bytes < 48:
+            raise BenchError("event bytes: at least 48 (the stamp and the SSE framing)")
+        if self.rate * self.duration_s < 2:
+            raise BenchError("rate x duration: at least 2 events per paced stream")
 
 
-def _event(i: int, pad: bytes) -> bytes:
-    payload = b'data: {"t":%d,"i":%d,"p":"%s"}\n\n' % (time.monotonic_ns(), i, pad)
-    return b"%x\r\n%s\r\n" % (len(payload), payload)
+@dataclass
+class ProxyResult:
+    """One proxy's figures (None where not measured: ``none`` has no process to measure)."""
+
+    proxy: str
+    p50_ms: float
+    p99_ms: float
+    added_p50_ms: float | None
+    added_p99_ms: float | None
+    events_per_s: float | None  # saturation: the ceiling through the proxy
+    cpu_us_per_event: float | None
+    events_per_cpu_s: float | None
+    proxy_cpu_util: float | None  # share of one core over the saturation phase
+    load_cpu_util: float | None  # upstream + client, share of one core
+    rss_per_stalled_kib: float | None
+    stalled_cut: int | None  # stalled streams already cut when their memory was read
+    events_lost: int  # events the client did not receive, every phase
 
 
-_HEAD = (
-    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
-    b"transfer-encoding: chunked\r\n\r\n"
-)
-_END = b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"
+@dataclass
+class ProxyBench:
+    """What ``zerowindow bench proxy`` measured: every figure, the ratios against nginx, the
+    targets and their verdicts, the machine and the command line."""
+
+    command: str
+    workload: ProxyWorkload
+    proxies: dict[str, ProxyResult]
+    skipped: dict[str, str]  # proxy: why it was not measured
+    ratios_to_nginx: dict[str, dict[str, float | None]]
+    verdicts: list[Verdict]
+    machine: Machine
+    notes: list[str] = field(default_factory=list)
 
 
-class _Upstream(asyncio.Protocol):
-    """One connection: reads request heads (keep-alive) and streams per the query string:
-    ``/stream?mode=paced|flood|hold&events=N&rate=R&bytes=B``; ``/health`` answers 200."""
-
-    flood: set[_Upstream] = set()
-
-    def __init__(self) -> None:
-        self.buf = b""
-        self.transport: asyncio.Transport | None = None
-        self.busy = False
-        self.left = 0
-        self.i = 0
-        self.pad = b""
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        sock = transport.get_extra_info("socket")
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.left = 0
-        _Upstream.flood.discard(self)
-
-    def data_received(self, data: bytes) -> None:
-        self.buf += data
-        while not self.busy and b"\r\n\r\n" in self.buf:
-            head, _, rest = self.buf.partition(b"\r\n\r\n")
-            length = re.search(rb"(?i)content-length:\s*(\d+)", head)
-            body = int(length.group(1)) if length else 0
-            if len(rest) < body:
-                return
-            self.buf = rest[body:]
-            self._serve(head.split(b" ", 2)[1].decode())
-
-    def _serve(self, target: str) -> None:
-        assert self.transport is not None
-        path, _, query = target.partition("?")
-        if path != "/stream":
-            self.transport.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
-            return
-        args = dict(kv.split("=") for kv in query.split("&") if "=" in kv)
-        self.left, self.i = int(args.get("events", "100")), 0
-        self.pad = b"x" * max(0, int(args.get("bytes", "200")) - 40)
-        self.busy = True
-        self.transport.write(_HEAD)
-        mode = args.get("mode", "paced")
-        if mode == "flood":
-            _Upstream.flood.add(self)
-        elif mode == "hold":
-            self.transport.write(b"".join(_event(i, self.pad) for i in range(self.left)))
-        else:
-            asyncio.get_running_loop().create_task(self._paced(float(args.get("rate", "50"))))
-
-    async def _paced(self, rate: float) -> None:
-        period = 1.0 / rate
-        start = time.monotonic()
-        while self.left > 0 and self.transport is not None and not self.transport.is_closing():
-            self.step()
-            await asyncio.sleep(max(0.0, start + self.i * period - time.monotonic()))
-
-    def step(self) -> None:
-        """Write one event (and the end of the stream after the last)."""
-        assert self.transport is not None
-        self.transport.write(_event(self.i, self.pad))
-        self.i += 1
-        self.left -= 1
-        if self.left == 0:
-            self.transport.write(_END)
-            self.busy = False
-            _Upstream.flood.discard(self)
-            if self.buf:
-                self.data_received(b"")
+def proxy_command(names: tuple[str, ...], w: ProxyWorkload) -> str:
+    """The ``zerowindow bench proxy`` command line of this run, every option spelled out."""
+    return (
+        f"zerowindow bench proxy --proxies {','.join(names)} --streams {w.streams} "
+        f"--rate {w.rate:g} --duration-s {w.duration_s:g} --repeats {w.repeats} "
+        f"--flood-events {w.flood_events} --event-bytes {w.event_bytes} "
+        f"--stalled {w.stalled} --stalled-kib {w.stalled_kib}"
+    )
 
 
-async def _flood_loop() -> None:
-    """The engine's step loop at full speed: one event per flooding stream whose transport
-    has less than 64 KiB queued."""
-    while True:
-        for conn in list(_Upstream.flood):
-            t = conn.transport
-            if t is not None and not t.is_closing() and t.get_write_buffer_size() < 65536:
-                conn.step()
-        await asyncio.sleep(0 if _Upstream.flood else 0.005)
+def _find_binary(name: str) -> str | None:
+    return shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
 
 
-def serve_upstream(port: int) -> None:
-    """Run the synthetic upstream on 127.0.0.1:``port`` until killed."""
-    import uvloop
-
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        server = await loop.create_server(_Upstream, "127.0.0.1", port, backlog=4096)
-        async with server:
-            await _flood_loop()
-
-    uvloop.run(main())
+def missing_reason(name: str, config: ProxyConfigBase) -> str | None:
+    """Why proxy ``name`` cannot run here (its program is not installed), or None."""
+    binary = getattr(config, "binary", None)
+    if binary is None or _find_binary(binary) is not None:
+        return None
+    hint = getattr(config.build(), "binary_hint", "")
+    return f"{binary!r} is not on PATH" + (f" ({hint})" if hint else "")
 
 
-# --------------------------------------------------------------------------- client
-
-
-class _Dechunker:
-    """Incremental chunked-body decoder that counts SSE events and their ``t`` stamps."""
-
-    _T = re.compile(rb'"t":(\d+)')
-
-    def __init__(self, stamps: bool) -> None:
-        self.raw = b""
-        self.payload = b""
-        self.events = 0
-        self.done = False
-        self.stamps = stamps
-        self.latencies: list[int] = []
-
-    def feed(self, data: bytes, now_ns: int) -> None:
-        self.raw += data
-        out = []
-        while True:
-            line_end = self.raw.find(b"\r\n")
-            if line_end < 0:
-                break
-            size = int(self.raw[:line_end].split(b";")[0], 16)
-            if size == 0:
-                self.done = True
-                break
-            if len(self.raw) < line_end + 2 + size + 2:
-                break
-            out.append(self.raw[line_end + 2 : line_end + 2 + size])
-            self.raw = self.raw[line_end + 2 + size + 2 :]
-        if not out:
-            return
-        self.payload += b"".join(out)
-        complete, sep, self.payload = self.payload.rpartition(b"\n\n")
-        if not sep:
-            self.payload = complete
-            return
-        self.events += complete.count(b"\n\n") + 1
-        if self.stamps:
-            self.latencies.extend(now_ns - int(t) for t in self._T.findall(complete))
-
-
-async def _one_stream(port: int, query: str, stamps: bool, rcvbuf: int | None) -> _Dechunker:
-    sock = socket.socket()
-    if rcvbuf:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-    sock.setblocking(False)
-    loop = asyncio.get_running_loop()
-    await loop.sock_connect(sock, ("127.0.0.1", port))
-    await loop.sock_sendall(sock, f"GET /stream?{query} HTTP/1.1\r\nHost: bench\r\n\r\n".encode())
-    dec = _Dechunker(stamps)
-    head = b""
-    while b"\r\n\r\n" not in head:
-        data = await loop.sock_recv(sock, 65536)
-        if not data:
-            raise RuntimeError(f"closed before the head: {head!r}")
-        head += data
-    head, _, rest = head.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 200"), head
-    dec.feed(rest, time.monotonic_ns())
-    while not dec.done:
-        try:
-            data = await loop.sock_recv(sock, 262144)
-        except ConnectionResetError:
-            data = b""
-        if not data:
-            break
-        dec.feed(data, time.monotonic_ns())
-    sock.close()
-    return dec
-
-
-async def _streams(port: int, n: int, query: str, stamps: bool) -> list[_Dechunker]:
-    return list(await asyncio.gather(*(_one_stream(port, query, stamps, None) for _ in range(n))))
-
-
-def _run_async(coro: Any) -> Any:
-    import uvloop
-
-    return uvloop.run(coro)
-
-
-# --------------------------------------------------------------------------- measurements
-
-
-def _group(proxy: Any) -> list[psutil.Process]:
-    proc = getattr(getattr(proxy, "server", None), "proc", None)
-    if proc is None:
-        return []
-    pgid = os.getpgid(proc.pid)
+def _group(proxy: Proxy) -> list[psutil.Process]:
+    """Every process of the proxy's process groups."""
+    pgids = set()
+    for server in proxy.processes():
+        if server.proc is not None:
+            try:
+                pgids.add(os.getpgid(server.proc.pid))
+            except ProcessLookupError:
+                pass
     out = []
     for p in psutil.process_iter():
         try:
-            if os.getpgid(p.pid) == pgid:
+            if os.getpgid(p.pid) in pgids:
                 out.append(p)
         except (psutil.Error, ProcessLookupError):
             pass
@@ -306,215 +203,264 @@ def _group(proxy: Any) -> list[psutil.Process]:
 
 
 def _cpu_s(procs: list[psutil.Process]) -> float:
-    total = 0.0
-    for p in procs:
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system
-        except psutil.Error:
-            pass
-    return total
+    """CPU seconds used so far by ``procs`` (a process that is gone counts 0)."""
+    return sum(c for c in (proc_cpu_s(p.pid) for p in procs) if not math.isnan(c))
 
 
-def _pin(procs: list[psutil.Process], cpu: str) -> None:
-    if shutil.which("taskset"):
+def _pin(procs: list[psutil.Process], cpu: int | None) -> None:
+    if cpu is not None and shutil.which("taskset"):
         for p in procs:
-            subprocess.run(["taskset", "-a", "-p", "-c", cpu, str(p.pid)], capture_output=True)
+            subprocess.run(["taskset", "-a", "-p", "-c", str(cpu), str(p.pid)],
+                           capture_output=True)  # fmt: skip
 
 
-@dataclass
-class ProxyResult:
-    """One proxy's figures (None where not measured)."""
-
-    proxy: str
-    p50_ms: float
-    p99_ms: float
-    added_p99_ms: float | None
-    events_per_s: float | None
-    cpu_ms_per_1k_events: float | None
-    events_per_cpu_s: float | None
-    proxy_cpu_util: float | None
-    load_cpu_util: float | None
-    rss_per_stalled_kib: float | None
-    stalled_cut: int | None
-
-
-def _latency_trial(port: int, args: argparse.Namespace) -> tuple[float, float]:
-    """(p50, p99) in ms of one paced trial through ``port``."""
-    events = int(args.rate * args.duration_s)
-    q = f"mode=paced&rate={args.rate}&events={events}&bytes={args.event_bytes}"
-    decs = _run_async(_streams(port, args.streams, q, stamps=True))
-    got = sum(d.events for d in decs) - args.streams  # without each [DONE]
-    assert got == args.streams * events, f"{got} events of {args.streams * events}"
-    lat = np.concatenate([np.array(d.latencies[int(args.rate) :]) for d in decs]) / 1e6
-    return float(np.percentile(lat, 50)), float(np.percentile(lat, 99))
+def _latency_trial(port: int, w: ProxyWorkload) -> tuple[float, float, int]:
+    """(p50, p99) in ms of one paced trial through ``port``, and the events lost."""
+    events = int(w.rate * w.duration_s)
+    warmup = min(int(w.rate), events // 2)  # each stream's first second, or its first half
+    q = f"mode=paced&rate={w.rate:g}&events={events}&bytes={w.event_bytes}"
+    decs = read_streams(port, w.streams, q, stamps=True)
+    lost = w.streams * events - (sum(d.events for d in decs) - w.streams)  # without [DONE]s
+    lat = np.concatenate([np.array(d.latencies[warmup:], dtype=float) for d in decs]) / 1e6
+    if not lat.size:
+        return float("nan"), float("nan"), lost
+    return float(np.percentile(lat, 50)), float(np.percentile(lat, 99)), lost
 
 
 def _saturation(
-    port: int, procs: list[psutil.Process], args: argparse.Namespace
-) -> tuple[float, float, float, float, float]:
-    """(events/s, proxy CPU ms per 1,000 events, events per proxy CPU-second, proxy CPU
-    utilisation, load-side CPU utilisation) of one flood through ``port``."""
-    q = f"mode=flood&events={args.flood_events}&bytes={args.event_bytes}"
-    load_procs = [psutil.Process(args.upstream_pid), psutil.Process()]
-    cpu0, load0, t0 = _cpu_s(procs), _cpu_s(load_procs), time.monotonic()
-    decs = _run_async(_streams(port, args.streams, q, stamps=False))
+    port: int, procs: list[psutil.Process], load: list[psutil.Process], w: ProxyWorkload
+) -> tuple[float, float, float, float, float, int]:
+    """(events/s, proxy CPU µs per event, events per proxy CPU-second, proxy CPU utilisation,
+    load-side CPU utilisation, events lost) of one flood through ``port``."""
+    q = f"mode=flood&events={w.flood_events}&bytes={w.event_bytes}"
+    cpu0, load0, t0 = _cpu_s(procs), _cpu_s(load), time.monotonic()
+    decs = read_streams(port, w.streams, q, stamps=False)
     wall, cpu = time.monotonic() - t0, _cpu_s(procs) - cpu0
-    load = (_cpu_s(load_procs) - load0) / wall
-    got = sum(d.events for d in decs) - args.streams
-    assert got == args.streams * args.flood_events, f"{got} flood events"
-    return got / wall, cpu / got * 1e6, got / cpu, cpu / wall, load
+    load_util = (_cpu_s(load) - load0) / wall
+    got = sum(d.events for d in decs) - w.streams
+    lost = w.streams * w.flood_events - got
+    per_event = cpu / got * 1e6 if got else float("nan")
+    per_cpu_s = got / cpu if cpu > 0 else float("nan")
+    return got / wall, per_event, per_cpu_s, cpu / wall, load_util, lost
 
 
-def measure_all(
-    names: list[str], upstream_port: int, args: argparse.Namespace
-) -> list[ProxyResult]:
-    """Start every proxy in ``names`` (pinned to PROXY_CPU); run the latency trials
-    round-robin ``args.repeats`` times (so a burst of load from elsewhere on the machine hits
-    every proxy alike) keeping each proxy's lowest p50 and p99; then the saturation and
-    stalled phases proxy by proxy; stop them all."""
+def _stalled(port: int, procs: list[psutil.Process], w: ProxyWorkload) -> tuple[float, int]:
+    """RSS grown per stalled stream, and how many were already cut when it was measured."""
+    n_events = w.stalled_kib * 1024 // w.event_bytes
+    before = procs_rss_bytes(procs)
+    socks = []
+    request = (
+        f"GET /stream?mode=hold&events={n_events}&bytes={w.event_bytes} HTTP/1.1\r\n"
+        "Host: bench\r\n\r\n"
+    ).encode()
+    try:
+        for _ in range(w.stalled):
+            s = socket.socket()
+            socks.append(s)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect(("127.0.0.1", port))
+            s.sendall(request)
+        time.sleep(1.0)
+        grown = procs_rss_bytes(procs) - before
+        cut = 0
+        for s in socks:
+            s.setblocking(False)
+            try:
+                if s.recv(1, socket.MSG_PEEK) == b"":
+                    cut += 1
+            except BlockingIOError:
+                pass
+            except OSError:
+                cut += 1
+    finally:
+        for s in socks:
+            s.close()
+    time.sleep(0.5)
+    return grown / w.stalled / 1024, cut
+
+
+def _start_upstream(children: Children, cpu: int | None) -> tuple[int, psutil.Process]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = [*pin_argv(cpu), *module_argv("harness.benchmarks._upstream", "--port", str(port))]
+    proc = children.start(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return port, psutil.Process(proc.pid)
+        except OSError:
+            if proc.poll() is not None:
+                raise BenchError(f"the bench upstream exited with code {proc.returncode}") from None
+            if time.monotonic() > deadline:
+                raise BenchError("the bench upstream did not listen within 15 s") from None
+            time.sleep(0.1)
+
+
+def _measure(
+    names: list[str], upstream_port: int, load: list[psutil.Process], w: ProxyWorkload,
+    proxy_cpu: int | None, skipped: dict[str, str], say: Callable[[str], None],
+) -> dict[str, ProxyResult]:  # fmt: skip
+    """Start every proxy in ``names`` (pinned to ``proxy_cpu``); one that does not start is
+    put in ``skipped`` with the reason. Run the latency trials round-robin ``w.repeats`` times
+    (so a burst of load from elsewhere on the machine hits every proxy alike), keeping each
+    proxy's lowest p50 and p99; then the stalled and saturation phases proxy by proxy; stop
+    them all."""
     configs = bench_configs()
-    started: dict[str, tuple[Any, int, list[psutil.Process]]] = {}
-    with tempfile.TemporaryDirectory(prefix="bench-proxies-") as tmp:
+    started: dict[str, tuple[Proxy, int, list[psutil.Process]]] = {}
+    with tempfile.TemporaryDirectory(prefix="zw-bench-proxies-") as tmp:
         try:
             for name in names:
                 proxy = make_proxy(configs[name])
                 started[name] = (proxy, 0, [])
-                url = proxy.start(Path(tmp) / name, f"http://127.0.0.1:{upstream_port}")
+                try:
+                    url = proxy.start(Path(tmp) / name, f"http://127.0.0.1:{upstream_port}")
+                except ZerowindowError as exc:
+                    if name == "none":
+                        raise
+                    skipped[name] = f"did not start: {str(exc).splitlines()[0]}"
+                    continue
                 procs = _group(proxy)
-                _pin(procs, PROXY_CPU)
+                _pin(procs, proxy_cpu)
                 started[name] = (proxy, int(url.rsplit(":", 1)[1]), procs)
-            trials: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
-            for _ in range(args.repeats):
-                for name in names:
-                    trials[name].append(_latency_trial(started[name][1], args))
-            results = []
+            running = [n for n in names if n not in skipped]
+            say(f"latency: {w.repeats} x {w.duration_s:g} s through each of {', '.join(running)}")
+            trials: dict[str, list[tuple[float, float, int]]] = {n: [] for n in running}
+            for _ in range(w.repeats):
+                for name in running:
+                    try:
+                        trials[name].append(_latency_trial(started[name][1], w))
+                    except OSError as exc:  # refused, reset, or answered other than 200
+                        raise BenchError(f"{name}: the paced streams failed: {exc}") from None
+            base_p50 = min(t[0] for t in trials["none"])
             base_p99 = min(t[1] for t in trials["none"])
-            for name in names:
+            results = {}
+            for name in running:
                 _, port, procs = started[name]
                 p50 = min(t[0] for t in trials[name])
                 p99 = min(t[1] for t in trials[name])
+                lost = sum(t[2] for t in trials[name])
                 # stalled first: after the saturation phase the proxy's allocator keeps the
                 # pages it grew to, and the stalled streams' buffers would reuse them unseen
-                stalled = _stalled(port, procs, args) if procs else (None, None)
-                sat = _saturation(port, procs, args) if procs else (None,) * 5
                 r = ProxyResult(
-                    name, p50, p99, None if name == "none" else p99 - base_p99, *sat, *stalled
-                )
-                results.append(r)
-                print(json.dumps(asdict(r)) if args.json else r, flush=True)
+                    proxy=name, p50_ms=p50, p99_ms=p99,
+                    added_p50_ms=None if name == "none" else p50 - base_p50,
+                    added_p99_ms=None if name == "none" else p99 - base_p99,
+                    events_per_s=None, cpu_us_per_event=None, events_per_cpu_s=None,
+                    proxy_cpu_util=None, load_cpu_util=None, rss_per_stalled_kib=None,
+                    stalled_cut=None, events_lost=lost,
+                )  # fmt: skip
+                if procs:  # none: no process of its own to measure
+                    say(f"{name}: stalled streams, then saturation")
+                    r.rss_per_stalled_kib, r.stalled_cut = _stalled(port, procs, w)
+                    try:
+                        (r.events_per_s, r.cpu_us_per_event, r.events_per_cpu_s,
+                         r.proxy_cpu_util, r.load_cpu_util, sat_lost) = _saturation(
+                            port, procs, load, w)  # fmt: skip
+                    except OSError as exc:
+                        raise BenchError(f"{name}: the saturation streams failed: {exc}") from None
+                    r.events_lost += sat_lost
+                results[name] = r
             return results
         finally:
             for proxy, _, _ in started.values():
                 proxy.stop()
 
 
-def _stalled(port: int, procs: list[psutil.Process], args: argparse.Namespace) -> tuple[float, int]:
-    """RSS grown per stalled stream, and how many were already cut when it was measured."""
-    n_events = args.stalled_kib * 1024 // args.event_bytes
-    before = procs_rss_bytes(procs)
-    socks = []
-    request = (
-        f"GET /stream?mode=hold&events={n_events}&bytes={args.event_bytes} HTTP/1.1\r\n"
-        "Host: bench\r\n\r\n"
-    ).encode()
-    for _ in range(args.stalled):
-        s = socket.socket()
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        s.connect(("127.0.0.1", port))
-        s.sendall(request)
-        socks.append(s)
-    time.sleep(1.0)
-    grown = procs_rss_bytes(procs) - before
-    cut = 0
-    for s in socks:
-        s.setblocking(False)
-        try:
-            if s.recv(1, socket.MSG_PEEK) == b"":
-                cut += 1
-        except BlockingIOError:
-            pass
-        except OSError:
-            cut += 1
-        s.close()
-    time.sleep(0.5)
-    return grown / args.stalled / 1024, cut
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python bench/proxies.py", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument(
-        "--proxies", default="none,egress,nginx-buffered,haproxy,haproxy-nodelay,envoy"
-    )
-    parser.add_argument("--streams", type=int, default=64)
-    parser.add_argument("--rate", type=float, default=50.0, help="events/s per paced stream")
-    parser.add_argument("--duration-s", type=float, default=10.0, help="of the paced phase")
-    parser.add_argument("--flood-events", type=int, default=5000, help="per flooding stream")
-    parser.add_argument("--event-bytes", type=int, default=200)
-    parser.add_argument("--stalled", type=int, default=200)
-    parser.add_argument("--stalled-kib", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3, help="latency trials per proxy")
-    parser.add_argument("--json", action="store_true", help="print results as JSON lines")
-    return parser
-
-
-def command_line(args: argparse.Namespace) -> str:
-    return (
-        f"python bench/proxies.py --proxies {args.proxies} --streams {args.streams} "
-        f"--rate {args.rate:g} --duration-s {args.duration_s:g} --repeats {args.repeats} "
-        f"--flood-events {args.flood_events} --event-bytes {args.event_bytes} "
-        f"--stalled {args.stalled} --stalled-kib {args.stalled_kib}"
+def _verdicts(results: dict[str, ProxyResult], skipped: dict[str, str]) -> list[Verdict]:
+    egress, nginx = results.get("egress"), results.get("nginx")
+    missing = "; ".join(
+        f"{n} not measured: {skipped.get(n, 'not in --proxies')}"
+        for n in ("egress", "nginx")
+        if n not in results
     )
 
+    def fig(r: ProxyResult | None, key: str) -> float | None:
+        return None if r is None else finite(getattr(r, key))
 
-def run(args: argparse.Namespace) -> list[ProxyResult]:
-    """Start the upstream, measure every proxy named in ``args.proxies`` (``none`` first,
-    the baseline), stop the upstream."""
+    return [
+        check(
+            "egress_events_per_cpu_s",
+            f"egress events per CPU-second >= {TARGET_CPU_RATIO:g}x nginx's (value: the ratio)",
+            ratio(fig(egress, "events_per_cpu_s"), fig(nginx, "events_per_cpu_s")),
+            TARGET_CPU_RATIO, at_least=True, missing=missing,
+        ),
+        check(
+            "egress_added_p50", "egress added p50 ms <= nginx's added p50 ms (the threshold)",
+            fig(egress, "added_p50_ms"), fig(nginx, "added_p50_ms"), at_least=False,
+            missing=missing,
+        ),
+        check(
+            "egress_memory_per_stalled_stream",
+            "egress KiB per stalled stream <= nginx's (the threshold)",
+            fig(egress, "rss_per_stalled_kib"), fig(nginx, "rss_per_stalled_kib"),
+            at_least=False, missing=missing,
+        ),
+    ]  # fmt: skip
+
+
+def _ratios(results: dict[str, ProxyResult]) -> dict[str, dict[str, float | None]]:
+    nginx = results.get("nginx")
+    if nginx is None:
+        return {}
+    keys = ("events_per_s", "events_per_cpu_s", "cpu_us_per_event", "p50_ms", "p99_ms",
+            "rss_per_stalled_kib")  # fmt: skip
+    return {
+        name: {k: ratio(getattr(r, k), getattr(nginx, k)) for k in keys}
+        for name, r in results.items()
+        if name != "nginx"
+    }
+
+
+def run_proxy_bench(
+    names: tuple[str, ...] = PROXY_NAMES,
+    workload: ProxyWorkload | None = None,
+    *,
+    command: str | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> ProxyBench:
+    """Measure every proxy in ``names`` (``none``, the direct path, is always measured first:
+    the baseline of added latency) on ``workload``; a proxy whose program is not installed,
+    or that does not start, is skipped with the reason. Raises :class:`BenchError` for an
+    unknown proxy name or a bad workload. ``progress`` receives a line before each phase."""
+    say = progress or (lambda line: None)
+    w = workload or ProxyWorkload()
+    w.check()
     configs = bench_configs()
-    names = args.proxies.split(",")
     unknown = [n for n in names if n not in configs]
     if unknown:
-        raise SystemExit(f"unknown proxies {unknown}; valid: {sorted(configs)}")
-    names = ["none"] + [n for n in names if n != "none"]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        up_port = s.getsockname()[1]
-    cmd = [sys.executable, __file__, "upstream", "--port", str(up_port)]
-    if shutil.which("taskset"):
-        cmd = ["taskset", "-c", LOAD_CPU, *cmd]
-    upstream = subprocess.Popen(cmd, start_new_session=True)
-    args.upstream_pid = upstream.pid
-    os.sched_setaffinity(0, {int(LOAD_CPU)})
-    results: list[ProxyResult] = []
+        raise BenchError(f"unknown proxies {', '.join(unknown)}; valid: {', '.join(configs)}")
+    order = ["none", *dict.fromkeys(n for n in names if n != "none")]
+    skipped: dict[str, str] = {}
+    for name in order:
+        if (why := missing_reason(name, configs[name])) is not None:
+            skipped[name] = why
+    machine = Machine.now()
+    pair = placement()
+    proxy_cpu, load_cpu = pair if pair is not None else (None, None)
+    affinity = os.sched_getaffinity(0)
+    raise_nofile()
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", up_port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-        results = measure_all(names, up_port, args)
+        with Children() as children:
+            port, upstream = _start_upstream(children, load_cpu)
+            if load_cpu is not None:
+                os.sched_setaffinity(0, {load_cpu})  # the client: this process
+            load = [upstream, psutil.Process()]
+            results = _measure(
+                [n for n in order if n not in skipped], port, load, w, proxy_cpu, skipped, say
+            )
     finally:
-        upstream.terminate()
-        upstream.wait(10)
-    return results
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["upstream"]:
-        p = argparse.ArgumentParser()
-        p.add_argument("--port", type=int, required=True)
-        serve_upstream(p.parse_args(argv[1:]).port)
-        return 0
-    run(build_parser().parse_args(argv))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        os.sched_setaffinity(0, affinity)
+    machine.done()
+    notes = [f"{name}: {r.events_lost} events lost" for name, r in results.items() if r.events_lost]
+    return ProxyBench(
+        command=command or proxy_command(names, w),
+        workload=w,
+        proxies=results,
+        skipped=skipped,
+        ratios_to_nginx=_ratios(results),
+        verdicts=_verdicts(results, skipped),
+        machine=machine,
+        notes=notes,
+    )

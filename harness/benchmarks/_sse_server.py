@@ -1,4 +1,4 @@
-"""A minimal OpenAI-style SSE server for the load-generator benchmarks (bench only).
+"""A minimal OpenAI-style SSE server for the load-generator benchmarks (`zerowindow bench client`).
 
 Every ``POST`` (any path) gets ``200 text/event-stream`` with chunked transfer coding and
 ``--events`` completion chunks shaped like vLLM's ``/v1/completions`` chunks, then a
@@ -16,7 +16,7 @@ Every ``--stats-interval-s`` it prints one JSON line to stdout::
 
     {"t": <monotonic s>, "open": <streams open>, "started": N, "finished": N, "events": N}
 
-    python bench/_sse_server.py --port 8100 --events 2000 --interval-ms 5
+    python -m harness.benchmarks._sse_server --port 8100 --events 2000 --interval-ms 5
 """
 
 from __future__ import annotations

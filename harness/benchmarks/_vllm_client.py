@@ -1,4 +1,4 @@
-"""The same streaming workload through vLLM's own benchmark client (bench only).
+"""The same streaming workload through vLLM's own benchmark client (`zerowindow bench client`).
 
 Runs ``--streams`` concurrent ``async_request_openai_completions`` calls, the request function
 ``vllm bench serve`` uses for the completions endpoint
@@ -8,8 +8,8 @@ per request: ``start_time`` (``time.perf_counter()`` s, CLOCK_MONOTONIC on Linux
 and ``itl`` (s), ``generated_text``, ``success``, ``error``; plus the process's CPU time over
 the requests (``cpu_s``) and wall time (``wall_s``).
 
-    python bench/_vllm_client.py --url http://127.0.0.1:8100/v1/completions --streams 100 \
-        --events 2000 --out vllm.json
+    python -m harness.benchmarks._vllm_client --url http://127.0.0.1:8100/v1/completions \
+        --streams 100 --events 2000 --out vllm.json
 
 Importing vLLM's module imports torch (about 10 s); that happens before any request.
 """

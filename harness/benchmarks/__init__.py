@@ -1,0 +1,75 @@
+"""Self-checks of the toolkit's own machinery, run on the user's machine before trusting its
+figures: ``zerowindow bench client`` (our load client beside vLLM's benchmark client) and
+``zerowindow bench proxy`` (the egress buffer beside nginx, HAProxy and Envoy), with issue
+13's targets as verdicts. ``make bench`` (bench/run.py) writes bench/RESULTS.md from the same
+functions.
+
+One concern per module: the bench SSE server (``_sse_server``), the client benchmark
+(``_client_bench``), vLLM's client runner (``_vllm_client``), the client comparison and its
+targets (``_client_check``), the proxy benchmark's upstream and client (``_upstream``), the
+proxy benchmark and its targets (``_proxy_bench``), tables and JSON (``_render``).
+"""
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from harness.benchmarks._client_bench import ItlResult, SlowResult, run_itl, run_slow
+    from harness.benchmarks._client_check import ClientBench, run_client_bench, vllm_missing
+    from harness.benchmarks._common import BenchError, BenchInterrupted, Machine, Verdict
+    from harness.benchmarks._proxy_bench import (
+        PROXY_NAMES,
+        ProxyBench,
+        ProxyResult,
+        ProxyWorkload,
+        run_proxy_bench,
+    )
+
+# Loaded on first use, so that the servers the benchmarks start as children (``python -m
+# harness.benchmarks._sse_server``, ``._upstream``, ``._vllm_client``) import only themselves.
+_LAZY = {
+    "BenchError": "harness.benchmarks._common",
+    "BenchInterrupted": "harness.benchmarks._common",
+    "ClientBench": "harness.benchmarks._client_check",
+    "ItlResult": "harness.benchmarks._client_bench",
+    "Machine": "harness.benchmarks._common",
+    "PROXY_NAMES": "harness.benchmarks._proxy_bench",
+    "ProxyBench": "harness.benchmarks._proxy_bench",
+    "ProxyResult": "harness.benchmarks._proxy_bench",
+    "ProxyWorkload": "harness.benchmarks._proxy_bench",
+    "SlowResult": "harness.benchmarks._client_bench",
+    "Verdict": "harness.benchmarks._common",
+    "run_client_bench": "harness.benchmarks._client_check",
+    "run_itl": "harness.benchmarks._client_bench",
+    "run_proxy_bench": "harness.benchmarks._proxy_bench",
+    "run_slow": "harness.benchmarks._client_bench",
+    "vllm_missing": "harness.benchmarks._client_check",
+}
+
+__all__ = [
+    "BenchError",
+    "BenchInterrupted",
+    "ClientBench",
+    "ItlResult",
+    "Machine",
+    "PROXY_NAMES",
+    "ProxyBench",
+    "ProxyResult",
+    "ProxyWorkload",
+    "SlowResult",
+    "Verdict",
+    "run_client_bench",
+    "run_itl",
+    "run_proxy_bench",
+    "run_slow",
+    "vllm_missing",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
