@@ -95,7 +95,7 @@ def bench_client(
 ) -> None:
     """Our load client (one Locust process with the toolkit's locustfile) beside vLLM's
     benchmark client: events/s ceiling and CPU µs per event at full speed, ITL error at
-    STREAMS x INTERVAL_MS (100 x 5 ms: 20,000 offered events/s), and issue 13's targets.
+    STREAMS x INTERVAL_MS (100 x 5 ms: 20,000 offered events/s), and the targets (docs/bench.md).
 
     Exit code: 0 measured (targets met or not; --strict: 1 when one is missed), 2 a tool is
     missing or a client failed, 130 interrupted."""
@@ -135,7 +135,7 @@ def bench_proxy(
 ) -> None:
     """The egress buffer beside nginx, HAProxy and Envoy on one SSE workload: added latency
     p50/p99, events/s ceiling, CPU µs per event and events per CPU-second, memory per stalled
-    stream, ratios against nginx, and issue 13's targets.
+    stream, ratios against nginx, and the targets (docs/bench.md).
 
     Exit code: 0 measured (targets met or not; --strict: 1 when one is missed), 2 a tool is
     missing or a proxy failed, 130 interrupted."""

@@ -1,5 +1,5 @@
 """``zerowindow bench client``: our load client beside vLLM's benchmark client in one run, and
-issue 13's targets for it.
+the toolkit's targets for it (docs/bench.md).
 
 Two workloads on the bench SSE server, each run by every client in turn: full speed (interval
 0: the server writes as fast as each socket takes it; the events/s there is the client's
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from harness.benchmarks._client_bench import CLIENTS, ItlResult, run_itl
 from harness.benchmarks._common import BenchError, Machine, Verdict, check, finite, ratio
 
-# Issue 13's targets for the client, as ratios ours / vLLM's client measured in the same run.
+# The targets for the client, as ratios ours / vLLM's client measured in the same run.
 TARGET_CPU_RATIO = 0.5  # CPU µs per event at full speed: at most 0.5x vLLM's
 TARGET_CEILING_RATIO = 1.5  # events/s at full speed: at least 1.5x vLLM's
 TARGET_ITL_RATIO = 1.0  # ITL error p99 at the paced workload: no worse than vLLM's

@@ -257,7 +257,8 @@ class Machine:
 
 @dataclass
 class Verdict:
-    """One target of issue 13: ``met`` True/False, or None with ``reason`` when not measured."""
+    """One benchmark target (docs/bench.md): ``met`` True/False, or None with ``reason``
+    when not measured."""
 
     name: str
     target: str

@@ -1,5 +1,5 @@
 """``zerowindow bench proxy``: the proxy kinds on one SSE workload, what each costs healthy
-readers, and issue 13's targets for the egress buffer against nginx.
+readers, and the targets for the egress buffer against nginx.
 
 One synthetic upstream and one raw-socket client (:mod:`harness.benchmarks._upstream`) run
 pinned to one CPU; the proxy under test runs pinned to another (every process and thread of
@@ -72,7 +72,7 @@ from zwcore import ZerowindowError
 
 SNDBUF = 32 * 1024
 PROXY_NAMES = ("none", "egress", "nginx", "haproxy", "haproxy-nodelay", "envoy")
-# Issue 13's targets for the egress buffer, against nginx measured in the same run.
+# The targets for the egress buffer, against nginx measured in the same run.
 TARGET_CPU_RATIO = 0.7  # egress events per CPU-second >= 0.7x nginx's
 
 
