@@ -172,6 +172,11 @@ class _Handler(socketserver.BaseRequestHandler):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         elif path == b"/nothing":  # close without any response
             pass
+        elif path == b"/extra":  # a complete body, then bytes that belong to no response
+            sock.sendall(SSE_HEAD + chunk(b"data: 1\n\n") + b"0\r\n\r\nHTTP/1.1 200 OK\r\n")
+            time.sleep(0.1)
+        elif path == b"/trailers":  # a trailer section after the last chunk
+            sock.sendall(SSE_HEAD + chunk(b"data: 1\n\n") + b"0\r\nx-done: 1\r\n\r\n")
 
 
 class _Server(socketserver.ThreadingTCPServer):
@@ -184,7 +189,8 @@ def scripted_upstream() -> Iterator[str]:
     """A misbehaving upstream on 127.0.0.1, port 0; yields its base URL. Paths: ``/health``
     (200, empty), ``/ok``,
     ``/die`` (FIN mid-body), ``/malformed`` (bad chunk size), ``/reset`` (RST mid-body),
-    ``/nothing`` (closes without a response)."""
+    ``/nothing`` (closes without a response), ``/extra`` (bytes after a complete body),
+    ``/trailers`` (a trailer section)."""
     server = _Server(("127.0.0.1", 0), _Handler)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
     thread.daemon = True

@@ -70,6 +70,25 @@ def test_upstream_failing_mid_stream_ends_the_client_cleanly(path: str) -> None:
         assert m["zerowindow_egress_active_streams"] == 0
 
 
+@pytest.mark.parametrize(
+    ("path", "end"), [("/extra", b"0\r\n\r\n"), ("/trailers", b"0\r\nx-done: 1\r\n\r\n")]
+)
+def test_chunked_body_passes_through_to_its_end(path: str, end: bytes) -> None:
+    with scripted_upstream() as upstream, _proxy(upstream) as proxy:
+        assert proxy.metrics_url is not None
+        sock = raw_client(proxy.port)
+        # two requests on one connection: the first response leaves it reusable
+        request = b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % path.encode()
+        sock.sendall(request + request.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n"))
+        data, how = read_until_closed(sock, timeout_s=5)
+        sock.close()
+        # the body as the upstream framed it, trailers included, and nothing after its end
+        assert how == "eof" and data.count(b"HTTP/1.1 200 OK") == 2
+        assert data.count(b"\r\n\r\n9\r\ndata: 1\n\n\r\n" + end) == 2 and data.endswith(end)
+        m = egress_samples(proxy.metrics_url)
+        assert m["zerowindow_egress_upstream_errors_total{stage=mid_stream}"] == 0
+
+
 def test_upstream_without_response_or_unreachable_is_502() -> None:
     with scripted_upstream() as upstream, _proxy(upstream) as proxy:
         assert CLIENT.get(proxy.url + "/nothing", timeout=5).status_code == 502

@@ -191,8 +191,9 @@ def has_body_framing(request: h11.Request) -> bool:
 
 
 def response_headers(response: h11.Response, *, close: bool) -> list[tuple[bytes, bytes]]:
-    """Upstream response fields minus hop-by-hop ones; h11 re-frames the body for the
-    client (``Content-Length`` kept, otherwise chunked or close-delimited)."""
+    """Upstream response fields minus hop-by-hop ones; h11 chooses the body's framing for
+    the client (``Content-Length`` kept, otherwise chunked or close-delimited; a chunked
+    upstream body going to a chunked client passes through unchanged, see ``_relay``)."""
     drop = HOP_BY_HOP | connection_tokens(response.headers)
     headers = [(n, v) for n, v in response.headers if n not in drop]
     if close:
