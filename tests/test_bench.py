@@ -190,3 +190,19 @@ def test_every_exported_name_resolves():
     import harness.benchmarks
 
     assert all(getattr(harness.benchmarks, n, None) is not None for n in harness.benchmarks.__all__)
+
+
+def test_bench_reader_counts_events_whose_blank_line_a_proxy_split() -> None:
+    from harness.benchmarks._upstream import StreamReader
+
+    events = b"".join(b'data: {"t":%d}\n\n' % i for i in range(50))
+    # re-chunked at every size from 1 to 40 bytes, so some chunks end between the two LFs
+    for size in range(1, 41):
+        parts = [events[i : i + size] for i in range(0, len(events), size)]
+        body = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts) + b"0\r\n\r\n"
+        wire = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + body
+        reader = StreamReader(stamps=True)
+        for i in range(0, len(wire), 7):
+            reader.feed(wire[i : i + 7], now_ns=1000)
+        assert (reader.status, reader.done, reader.events) == (200, True, 50), size
+        assert len(reader.latencies) == 50
