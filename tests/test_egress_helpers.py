@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.test_sim_helpers import CLIENT
@@ -200,3 +201,19 @@ def scripted_upstream() -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_event_loop_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from harness._egress._server import loop_factory, loop_name
+    from zwcore import ProxyError
+
+    assert loop_factory("asyncio") is None
+    uvloop = pytest.importorskip("uvloop")
+    assert loop_factory("auto") is uvloop.new_event_loop
+    assert loop_name("auto") == "uvloop"
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # as if not installed
+    assert loop_factory("auto") is None and loop_name("auto") == "asyncio"
+    with pytest.raises(ProxyError, match="uvloop is not installed"):
+        loop_factory("uvloop")

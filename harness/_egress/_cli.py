@@ -22,6 +22,7 @@ import pydantic
 from harness._egress._config import EgressConfig
 from harness._egress._server import serve
 from harness._model_options import add_model_options
+from zwcore import ProxyError
 
 _SPECIAL = {"upstream_url", "listen_host", "listen_port", "metrics_host", "metrics_port"}
 
@@ -109,5 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         serve(config)
     except OSError as exc:
         print(f"egress: cannot listen: {exc}", file=sys.stderr)
+        return 1
+    except ProxyError as exc:
+        print(f"egress: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -13,14 +13,37 @@ import logging
 import signal
 import socket
 import threading
+from collections.abc import Callable
 from types import TracebackType
 
 from prometheus_client import CollectorRegistry
 
-from harness._egress._config import EgressConfig
+from harness._egress._config import EgressConfig, EventLoop
 from harness._egress._proxy import EgressCore
+from zwcore import ProxyError
 
 logger = logging.getLogger("zerowindow.egress")
+
+
+def loop_factory(choice: EventLoop) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop factory for ``EgressConfig.event_loop`` (None: asyncio's default).
+
+    Raises ``ProxyError`` for ``uvloop`` when uvloop is not installed."""
+    if choice == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        if choice == "uvloop":
+            raise ProxyError("event_loop = uvloop, but uvloop is not installed") from None
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
+
+
+def loop_name(choice: EventLoop) -> str:
+    """``"uvloop"`` or ``"asyncio"``: the loop ``choice`` runs on here."""
+    return "asyncio" if loop_factory(choice) is None else "uvloop"
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -95,7 +118,8 @@ class EgressProxy:
 
         def run() -> None:
             try:
-                asyncio.run(main())
+                with asyncio.Runner(loop_factory=loop_factory(self.config.event_loop)) as runner:
+                    runner.run(main())
             except BaseException as exc:  # reported by start()
                 self._error = exc
 
@@ -161,7 +185,8 @@ def serve(config: EgressConfig) -> None:
                 else "none"
             )
             logger.info(
-                "egress: listening on %s, upstream %s, metrics %s",
+                "egress (%s): listening on %s, upstream %s, metrics %s",
+                loop_name(config.event_loop),
                 where,
                 config.upstream_url,
                 metrics,
@@ -171,7 +196,8 @@ def serve(config: EgressConfig) -> None:
         logger.info("egress: stopped")
 
     try:
-        asyncio.run(main())
+        with asyncio.Runner(loop_factory=loop_factory(config.event_loop)) as runner:
+            runner.run(main())
     finally:
         sock.close()
         if metrics_sock is not None:

@@ -18,13 +18,15 @@ class EgressProxyConfig(ProxyConfigBase):
     """The toolkit's own decoupled egress buffer (``harness._egress``): reads the upstream at
     full speed into ``buffer_bytes`` per stream (``overflow``: ``cut`` or ``pause``) and resets a
     client whose socket stays unwritable for ``stall_timeout_s``, aborting the upstream request.
-    ``client_sndbuf_bytes`` caps the kernel send buffer toward clients (None: autotuning)."""
+    ``client_sndbuf_bytes`` caps the kernel send buffer toward clients (None: autotuning).
+    ``event_loop``: ``auto`` (uvloop when installed, else asyncio), ``asyncio`` or ``uvloop``."""
 
     kind: Literal["egress"] = "egress"
     buffer_bytes: int = Field(256 * 1024, ge=1024)
     overflow: Literal["cut", "pause"] = "cut"
     stall_timeout_s: float = Field(2.5, gt=0)
     client_sndbuf_bytes: int | None = Field(32 * 1024, ge=1024)
+    event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
     listen_host: str = "127.0.0.1"
     listen_port: int = Field(0, ge=0, le=65535, description="0 picks a free port")
     startup_timeout_s: float = Field(15.0, gt=0)
@@ -59,6 +61,7 @@ class EgressProxy(Proxy):
             "--stall-timeout-s", str(c.stall_timeout_s),
             "--client-sndbuf-bytes", "none" if c.client_sndbuf_bytes is None
             else str(c.client_sndbuf_bytes),
+            "--event-loop", c.event_loop,
             "--log-level", "warning",
         ]  # fmt: skip
         log_path = run_dir / "egress.log"
