@@ -25,6 +25,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
 import h11
@@ -275,23 +276,33 @@ class _Stream:
         one); elsewhere it is the socket timeout, set again once :data:`TIMEOUT_RESET_S` old.
         """
         if not type(self.sock).__module__.startswith("gevent."):
-            return self._read_loop(reset_timeout=True)
+            return self._read_loop(self.sock.recv, reset_timeout=True, defer=None)
         import gevent  # already imported: it made this socket
 
         self.sock.settimeout(None)
         guard = gevent.Timeout(max(self.remaining_s(), 0.0), TimeoutError("request deadline"))
         guard.start()
         try:
-            return self._read_loop(reset_timeout=False)
+            recv = _WaitFirstRecv.of(self.sock) or self.sock.recv
+            return self._read_loop(recv, reset_timeout=False, defer=gevent.sleep)
         finally:
             guard.close()
 
-    def _read_loop(self, *, reset_timeout: bool) -> str:
+    def _read_loop(
+        self,
+        recv: Callable[[int], bytes],
+        *,
+        reset_timeout: bool,
+        defer: Callable[[float], None] | None,
+    ) -> str:
+        """The loop of :meth:`read_loop`. ``defer(0)``, when given, is called between a short
+        ``recv`` (the socket drained) and parsing it: under gevent it lets every other stream
+        woken by the same poll take and stamp its read first, so a burst of events (one per
+        stream per engine step) is stamped before any of it is parsed."""
         read = self.spec.read
         bytes_per_read = read.bytes_per_read  # type: ignore[attr-defined]
         acts = self.spec.action is not None
         sock = self.sock
-        recv = sock.recv
         now = time.monotonic
         deadline = self.deadline
         rec = self.record
@@ -326,6 +337,8 @@ class _Stream:
             if rec.t_first_byte is None:
                 rec.t_first_byte = t
             self.t_read = t
+            if defer is not None and len(data) < bytes_per_read:
+                defer(0)  # let the other streams ready in this wake-up stamp their reads first
             try:
                 feed(data)
             except httptools.HttpParserError as e:
@@ -364,6 +377,41 @@ class _Stream:
             rec.error = rec.error or "response ended without [DONE]"
             return "cut_by_peer"
         return ending
+
+
+class _WaitFirstRecv:
+    """``recv`` of a gevent socket that, after a read that drained the socket, waits for it to
+    be readable before calling ``recv(2)`` (gevent's own ``recv`` tries first, fails with
+    EAGAIN, raises and catches it, then waits: a system call and an exception per wake-up).
+    It uses gevent's socket internals (``_sock``, ``_wait``, ``_read_event``, the same since
+    gevent 1.x); :meth:`of` gives None where they are missing. The socket must have no
+    timeout (the request's deadline is a ``gevent.Timeout``)."""
+
+    __slots__ = ("_recv", "_wait", "_readable", "_drained")
+
+    def __init__(self, sock: Any) -> None:
+        self._recv = sock._sock.recv
+        self._wait = sock._wait
+        self._readable = sock._read_event
+        self._drained = False
+
+    @classmethod
+    def of(cls, sock: socket.socket) -> _WaitFirstRecv | None:
+        if all(hasattr(sock, a) for a in ("_sock", "_wait", "_read_event")):
+            return cls(sock)
+        return None
+
+    def __call__(self, n: int) -> bytes:
+        if self._drained:
+            self._wait(self._readable)
+        while True:
+            try:
+                data: bytes = self._recv(n)
+            except BlockingIOError:
+                self._wait(self._readable)
+                continue
+            self._drained = len(data) < n
+            return data
 
 
 def stream_request(

@@ -51,7 +51,7 @@ def request_body(
 PayloadKind = Literal["chunk", "usage", "done", "error"]
 
 
-class Payload(msgspec.Struct, frozen=True, kw_only=True):
+class Payload(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """What one SSE ``data`` payload means.
 
     ``kind``: ``"chunk"`` (non-empty ``choices``), ``"usage"`` (empty ``choices``: the final

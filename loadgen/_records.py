@@ -30,7 +30,7 @@ OUTCOMES = (
 )
 
 
-class Chunk(msgspec.Struct):
+class Chunk(msgspec.Struct, gc=False):
     """One SSE event that carried a completion chunk (a msgspec Struct: cheap to create and to
     encode, one per event).
 

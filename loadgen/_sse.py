@@ -33,7 +33,7 @@ _BOM = b"\xef\xbb\xbf"
 _EOL = re.compile(rb"(\r\n|\r|\n)")
 
 
-class SSEEvent(msgspec.Struct, frozen=True):
+class SSEEvent(msgspec.Struct, frozen=True, gc=False):
     """One dispatched event.
 
     ``raw`` is the data buffer as bytes with the final LF removed (:attr:`data` is the same

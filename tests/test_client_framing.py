@@ -141,31 +141,46 @@ def test_error_body_of_a_non_200_is_recorded(one_shot: type[OneShot]) -> None:
     assert rec.error == 'HTTP 503: {"error": "overloaded"}'
 
 
-_GEVENT_DEADLINE = """
+_UNDER_GEVENT = """
 from gevent import monkey; monkey.patch_all()
 import json, socket, sys, time, gevent
 from loadgen import RequestSpec, stream_request
+from loadgen._client import _WaitFirstRecv
+sys.path.insert(0, "tests")
+from test_client_framing import _HEAD, _chunked, _sse
 srv = socket.create_server(("127.0.0.1", 0))
-def serve():
+def serve(stall):
     c, _ = srv.accept(); c.recv(65536)
-    c.sendall(b"HTTP/1.1 200 OK\\r\\ntransfer-encoding: chunked\\r\\n\\r\\n")
-    gevent.sleep(30)
-gevent.spawn(serve)
+    c.sendall(_HEAD + b"transfer-encoding: chunked\\r\\n\\r\\n")
+    if stall:
+        gevent.sleep(30)
+    for piece in _chunked(_sse(20), size=50).split(b"\\r\\n\\r\\n"):
+        c.sendall(piece + b"\\r\\n\\r\\n" if piece else b"")
+        gevent.sleep(0.01)
+    c.close()
 url = "http://127.0.0.1:%d" % srv.getsockname()[1]
-t0 = time.monotonic()
-rec = stream_request(RequestSpec(host=url, model="m", prompt="p", prompt_tokens=1, timeout_s=1.0))
-print(json.dumps({"outcome": rec.outcome, "status": rec.http_status,
-                  "elapsed_s": time.monotonic() - t0, "socket": socket.socket.__module__}))
+wait_first = _WaitFirstRecv.of(socket.socket()) is not None
+out = {"socket": socket.socket.__module__, "wait_first": wait_first}
+for stall in (False, True):
+    gevent.spawn(serve, stall)
+    t0 = time.monotonic()
+    spec = RequestSpec(host=url, model="m", prompt="p", prompt_tokens=1, timeout_s=1.0)
+    rec = stream_request(spec)
+    out[str(stall)] = [rec.outcome, rec.http_status, rec.completion_tokens, time.monotonic() - t0]
+print(json.dumps(out))
 """
 
 
-def test_deadline_under_gevent_is_one_timer_for_the_request() -> None:
+def test_under_gevent_reads_wait_first_and_the_deadline_is_one_timer() -> None:
     proc = subprocess.run(
-        [sys.executable, "-c", _GEVENT_DEADLINE], cwd=ROOT, capture_output=True, text=True,
+        [sys.executable, "-c", _UNDER_GEVENT], cwd=ROOT, capture_output=True, text=True,
         timeout=60,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    assert out["socket"].startswith("gevent")
-    assert (out["outcome"], out["status"]) == ("timeout", 200)
-    assert 0.9 < out["elapsed_s"] < 5.0
+    assert out["socket"].startswith("gevent") and out["wait_first"]
+    outcome, status, tokens, _ = out["False"]
+    assert (outcome, status, tokens) == ("complete", 200, 20)
+    outcome, status, tokens, elapsed_s = out["True"]
+    assert (outcome, status, tokens) == ("timeout", 200, 0)
+    assert 0.9 < elapsed_s < 5.0
