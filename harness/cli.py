@@ -260,3 +260,7 @@ def _run_comparison(config: Scenario, path: Path, out: Path, target_url: str | N
 
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":
+    main()

@@ -356,6 +356,8 @@ class _Stream:
         """The server closed the connection: the end of a close-delimited body, else a cut."""
         if self.head_done and not self.body_framed:
             return "eom"  # RFC 9112 section 6.3: a body without framing ends at close
+        if self.done:
+            return "eom"  # `[DONE]` came: the stream is whole, only its framing was not
         self.note_cut("fin")
         self.record.error = self.record.error or "connection closed by server"
         return "cut_by_peer"

@@ -22,7 +22,7 @@ import msgspec
 
 OUTCOMES = (
     "complete",  # the stream ended with `data: [DONE]`
-    "http_error",  # a non-200 status
+    "http_error",  # a non-200 status, or a response that is not valid HTTP/1.1
     "server_error_event",  # an SSE event carrying an `error` payload, or malformed JSON
     "cut_by_peer",  # EOF or RST before `[DONE]`
     "client_abort",  # the client closed on purpose (half-close, abortive close, stop reading)

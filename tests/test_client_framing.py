@@ -184,3 +184,10 @@ def test_under_gevent_reads_wait_first_and_the_deadline_is_one_timer() -> None:
     outcome, status, tokens, elapsed_s = out["True"]
     assert (outcome, status, tokens) == ("timeout", 200, 0)
     assert 0.9 < elapsed_s < 5.0
+
+
+def test_done_then_close_before_the_last_chunk_is_complete(one_shot: type[OneShot]) -> None:
+    wire = _HEAD + b"transfer-encoding: chunked\r\n\r\n" + _chunked(_sse(2))
+    server = one_shot([wire[: -len(b"0\r\n\r\n")]])
+    rec = stream_request(_spec(server.url))
+    assert (rec.outcome, rec.error, rec.cut_kind) == ("complete", None, None)

@@ -280,10 +280,11 @@ def _figures(streams: list[tuple[list[float], list[int]]]) -> dict[str, float]:
     start = max((t[0] for t in live), default=math.nan)
     end = min((t[-1] for t in live), default=math.nan)
     if end - start > 1.0:
-        inside = sum(sum(1 for x in t if start <= x <= end) for t in live)
-        rate = inside / (end - start)
+        # k events of one stream inside the window span k - 1 gaps of it
+        gaps = sum(sum(1 for x in t if start <= x <= end) - 1 for t in live)
+        rate = gaps / (end - start)
     else:  # no common window worth the name: the whole span
-        rate = count / (last - first) if count > 1 and last > first else math.nan
+        rate = (count - 1) / (last - first) if count > 1 and last > first else math.nan
     return {
         "events": count,
         "events_per_s": rate,

@@ -125,7 +125,7 @@ def run_client_bench(
     say = progress or (lambda line: None)
     unknown = [c for c in clients if c not in CLIENTS]
     if unknown or not clients:
-        raise BenchError(f"--clients: one or more of {', '.join(CLIENTS)} (got {unknown})")
+        raise BenchError(f"--clients: unknown {', '.join(unknown)}; valid: {', '.join(CLIENTS)}")
     if interval_ms <= 0:
         raise BenchError("--interval-ms must be positive (the paced workload)")
     machine = Machine.now()
@@ -178,7 +178,7 @@ def run_client_bench(
     notes = []
     if not math.isclose(offered, 20_000):
         notes.append(
-            f"the issue's ITL target is set at 20,000 offered events/s; this run offered "
+            f"the ITL target is set at 20,000 offered events/s; this run offered "
             f"{offered:,.0f} ({streams} streams x {interval_ms:g} ms)"
         )
     for c, f in figures.items():

@@ -430,7 +430,7 @@ def run_proxy_bench(
     configs = bench_configs()
     unknown = [n for n in names if n not in configs]
     if unknown:
-        raise BenchError(f"unknown proxies {', '.join(unknown)}; valid: {', '.join(configs)}")
+        raise BenchError(f"--proxies: unknown {', '.join(unknown)}; valid: {', '.join(configs)}")
     order = ["none", *dict.fromkeys(n for n in names if n != "none")]
     skipped: dict[str, str] = {}
     for name in order:
