@@ -217,3 +217,17 @@ def test_event_loop_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     assert loop_factory("auto") is None and loop_name("auto") == "asyncio"
     with pytest.raises(ProxyError, match="uvloop is not installed"):
         loop_factory("uvloop")
+
+
+def test_command_line_errors_name_the_option(capsys: pytest.CaptureFixture[str]) -> None:
+    from harness._egress._cli import main
+
+    for argv, expected in (
+        (["--upstream", "127.0.0.1:1"], "--upstream: upstream_url must start with http://"),
+        (["--upstream", "http://127.0.0.1:1", "--buffer-bytes", "0"], "--buffer-bytes: "),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert expected in err and "pydantic" not in err

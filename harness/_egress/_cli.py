@@ -97,6 +97,23 @@ def config_from_args(args: argparse.Namespace) -> EgressConfig:
     return EgressConfig(**fields, **values)
 
 
+_OPTION_OF = {
+    "upstream_url": "--upstream",
+    "listen_host": "--listen",
+    "listen_port": "--listen",
+    "metrics_host": "--metrics-listen",
+    "metrics_port": "--metrics-listen",
+}
+
+
+def _option_error(error: Any) -> str:
+    """One pydantic error as ``--option: message`` (the option the field came from)."""
+    field = str(error["loc"][0]) if error.get("loc") else ""
+    option = _OPTION_OF.get(field, "--" + field.replace("_", "-"))
+    message = str(error["msg"]).removeprefix("Value error, ")
+    return f"{option}: {message}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv``, validate the config and serve until a signal; the exit status."""
     parser = build_parser()
@@ -104,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = config_from_args(args)
     except pydantic.ValidationError as exc:
-        parser.error(str(exc))
+        parser.error("; ".join(_option_error(e) for e in exc.errors()))
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(message)s")
     try:
         serve(config)
