@@ -1,7 +1,7 @@
 """Self-checks of the toolkit's own machinery, run on the user's machine before trusting its
 figures: ``zerowindow bench client`` (our load client beside vLLM's benchmark client) and
-``zerowindow bench proxy`` (the egress buffer beside nginx, HAProxy and Envoy), with issue
-13's targets as verdicts. ``make bench`` (bench/run.py) writes bench/RESULTS.md from the same
+``zerowindow bench proxy`` (the egress buffer beside nginx, HAProxy and Envoy), with the
+targets of docs/bench.md as verdicts. ``make bench`` (bench/run.py) writes bench/RESULTS.md from the same
 functions.
 
 One concern per module: the bench SSE server (``_sse_server``), the client benchmark
