@@ -82,7 +82,9 @@ class SSEDecoder:
     )
 
     def __init__(self) -> None:
-        self._rest: list[bytes] = []  # pieces of the current, unfinished line (or of a BOM)
+        # bytes read but not interpreted yet: the unfinished event (LF streams), line (CR
+        # streams) or byte order mark, in pieces joined once an event can end
+        self._rest: list[bytes] = []
         self._after_cr = False  # the last line ended with CR: skip one LF at the next byte
         self._at_start = True  # BOM check still pending
         self._data: list[bytes] = []
@@ -130,9 +132,10 @@ class SSEDecoder:
                 self._pending_bytes += 1
         events: list[SSEEvent] = []
         if b"\r" not in buf:  # LF line ends only (vLLM, OpenAI): the fast path
-            while buf[:1] == b"\n":  # buf starts a line: an empty one
+            stripped = buf.lstrip(b"\n")  # buf starts a line: leading LFs are empty lines
+            for _ in range(len(buf) - len(stripped)):
                 self._line(b"", 1, events)
-                buf = buf[1:]
+            buf = stripped
             blocks = buf.split(b"\n\n")  # each but the last: the lines of one event
             last = blocks.pop()
             if last:
