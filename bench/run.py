@@ -19,7 +19,7 @@ from pathlib import Path
 from _probe_bench import run_trials as run_probe_trials  # bench/ is sys.path[0]
 
 from harness._sim._bench import run_benchmark
-from harness.benchmarks import ClientBench, run_client_bench, run_proxy_bench, run_slow
+from harness.benchmarks import run_client_bench, run_proxy_bench, run_slow
 from harness.benchmarks._render import (
     client_cells,
     markdown_table,
@@ -119,6 +119,8 @@ def _sim_section() -> list[str]:
 
 
 SLOW_TARGET_STREAMS, SLOW_TARGET_CPU_PCT, SLOW_READ_BYTES_PER_S = 10_000, 50.0, 64
+
+
 def _n(value: float, digits: int = 0) -> str:
     return "-" if value is None or math.isnan(value) else f"{value:,.{digits}f}"
 
@@ -206,7 +208,10 @@ def _itl_sections() -> list[str]:
         "client's ceiling, and its CPU per event the cost that bounds it) and paced (a chunk "
         f"every {bench.interval_ms:g} ms per stream, {bench.offered_events_per_s:,.0f} offered "
         f"events/s, {bench.paced_events:,} chunks per stream). Ours is one Locust process "
-        "running the toolkit's locustfile, as `zerowindow run` starts a group; vLLM's is "
+        "running the toolkit's locustfile, as `zerowindow run` starts a group: `zerowindow` "
+        "stamps each full-speed read with the time the kernel received its last segment "
+        "(SO_TIMESTAMPNS, as a run does by default), `zerowindow-read` when `recv` returned "
+        "(`timestamps = \"read\"`, as vLLM's client stamps); vLLM's is "
         "`async_request_openai_completions`, the request function of `vllm bench serve`, on "
         "an aiohttp session set up as `vllm/benchmarks/serve.py` does. ITL error: |gap the "
         "client measured - gap between the emission times| over every pair of consecutive "
@@ -224,31 +229,7 @@ def _itl_sections() -> list[str]:
         "",
         *(f"- {line}" for line in [*skipped_lines(bench.skipped), *bench.notes]),
         *(f"- {line}" for line in verdict_lines(bench.verdicts)),
-        *_itl_bound(bench),
         "",
-    ]
-
-
-def _itl_bound(bench: ClientBench) -> list[str]:
-    """What bounds our ITL error at the paced workload, when that target is missed."""
-    missed = any(v.name == "itl_err_p99" and v.met is False for v in bench.verdicts)
-    ours, theirs = bench.clients.get("zerowindow"), bench.clients.get("vllm")
-    if not missed or ours is None or theirs is None:
-        return []
-    a, b = ours.paced, theirs.paced
-    return [
-        f"- What bounds it: ours stamps earlier (delay p50 {a.delay_p50_ms:.2f} ms against "
-        f"{b.delay_p50_ms:.2f}, p99 {a.delay_p99_ms:.2f} against {b.delay_p99_ms:.2f}) at less "
-        f"CPU per event ({a.cpu_us_per_event:.1f} µs against {b.cpu_us_per_event:.1f}) but "
-        "less evenly. The server writes every stream's chunk in the same tick; in one gevent "
-        "process each stream's greenlet stamps its read when the hub switches to it, after the "
-        "streams woken before it in that poll, and which streams share a wake-up changes from "
-        "tick to tick, so the same stream's stamp moves within the burst. Stamping every read "
-        "of a wake-up before parsing any (a yield after a read that drained the socket) and "
-        "waiting for readability before `recv(2)` took our p99 from about 1.5 to about "
-        "0.85 ms here; vLLM's client, on asyncio, stamps each burst later but in a steadier "
-        "order. Timestamps taken by the kernel (SO_TIMESTAMPNS) would remove the client's "
-        "scheduling from the figure altogether; they are not used yet.",
     ]
 
 

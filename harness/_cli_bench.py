@@ -18,6 +18,7 @@ from harness.benchmarks import (
     run_client_bench,
     run_proxy_bench,
 )
+from harness.benchmarks._client_bench import CLIENTS
 from harness.benchmarks._common import interruptible
 from harness.benchmarks._render import (
     client_cells,
@@ -86,8 +87,12 @@ def _finish(bench: ClientBench | ProxyBench, as_json: bool, strict: bool, title:
 def bench_client(
     as_json: JsonOption = False,
     clients: Annotated[
-        str, typer.Option(help="comma-separated: zerowindow, vllm (skipped if not installed)")
-    ] = "zerowindow,vllm",
+        str,
+        typer.Option(
+            help="comma-separated: zerowindow (kernel arrival stamps, as a run reads), "
+            "zerowindow-read (stamped when recv returns), vllm (skipped if not installed)"
+        ),
+    ] = ",".join(CLIENTS),
     streams: Annotated[int, typer.Option(min=1, help="concurrent streams")] = 100,
     events: Annotated[int, typer.Option(min=2, help="chunks per stream at full speed")] = 2000,
     paced_events: Annotated[

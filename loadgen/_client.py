@@ -3,7 +3,9 @@
 The request is framed by ``h11``; the response (head, chunked or sized body) is parsed by
 ``httptools`` (llhttp, the parser uvicorn uses), which hands the body bytes of each ``recv``
 to the SSE decoder in one call. This module does the socket I/O itself, so every ``recv`` asks
-for exactly ``bytes_per_read`` bytes and is stamped once with CLOCK_MONOTONIC. (A client
+for exactly ``bytes_per_read`` bytes and is stamped once with CLOCK_MONOTONIC: when the kernel
+received its last segment (``SO_TIMESTAMPNS``, see ``_stamps``) for a full-speed reader, so that
+the load process's own scheduling does not enter TTFT and ITL, else when it returned. (A client
 library that reads 64 KiB per ``recv``, as httpx's default transport does, would drain the
 kernel buffer and defeat pacing.) Under Locust the stdlib ``socket`` and ``time.sleep`` are
 monkey-patched by gevent and become cooperative; outside Locust they simply block.
@@ -25,7 +27,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import h11
@@ -37,6 +39,7 @@ from ._reads import FullSpeed, ReadConfig
 from ._records import Chunk, RequestRecord
 from ._sockets import local_address, peer_cut, response_complete_in_buffer, set_rcvbuf
 from ._sse import SSEDecoder
+from ._stamps import ANCILLARY_BYTES, ArrivalClock, enable_arrival_stamps
 
 _MAX_ERROR_BODY_BYTES = 4096
 _USER_AGENT = "zerowindow-loadgen"
@@ -55,7 +58,10 @@ class RequestSpec:
     requested prompt length (approximate tokens), recorded as is. ``timeout_s`` is the deadline
     of the whole request counted from ``t_send``. ``rcvbuf_bytes``: ``SO_RCVBUF`` set before
     ``connect`` (Linux doubles it, socket(7)); ``None`` keeps the kernel default and
-    auto-tuning. ``user_class``, ``group`` and ``network_profile`` only label the record.
+    auto-tuning. ``timestamps``: ``"kernel"`` stamps the reads of a read behaviour that reads
+    on arrival (``full_speed``) with the time the kernel received their bytes, until an action
+    fires; ``"read"`` stamps every read when ``recv`` returned. ``user_class``, ``group`` and
+    ``network_profile`` only label the record.
     """
 
     host: str
@@ -69,6 +75,7 @@ class RequestSpec:
     read: ReadConfig = field(default_factory=FullSpeed)
     action: ActionConfig | None = None
     rcvbuf_bytes: int | None = None
+    timestamps: Literal["kernel", "read"] = "kernel"
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     user_class: str = ""
     group: str = ""
@@ -114,6 +121,7 @@ class _Stream:
         self.body_framed = False  # Content-Length or chunked: EOF before the end is a cut
         self.complete = False  # the response message ended
         self.body: list[bytes] = []  # body pieces of the recv being parsed (one per HTTP chunk)
+        self.arrival: ArrivalClock | None = None  # kernel arrival stamps, when they are used
 
     # StreamControl
     def now(self) -> float:
@@ -160,8 +168,15 @@ class _Stream:
 
     # the exchange
     def connect(self, addr: tuple[str, int] | tuple[str, int, int, int]) -> None:
-        if self.spec.rcvbuf_bytes is not None:
-            set_rcvbuf(self.sock, self.spec.rcvbuf_bytes)  # before connect: see set_rcvbuf
+        spec = self.spec
+        if spec.rcvbuf_bytes is not None:
+            set_rcvbuf(self.sock, spec.rcvbuf_bytes)  # before connect: see set_rcvbuf
+        if (
+            spec.timestamps == "kernel"
+            and spec.read.reads_on_arrival
+            and enable_arrival_stamps(self.sock)  # before connect: every segment stamped
+        ):
+            self.arrival = ArrivalClock(not_before=self.record.t_send)
         self.sock.settimeout(max(self.remaining_s(), 1e-3))
         self.sock.connect(addr)
         self.record.client_addr, self.record.client_port = local_address(self.sock)
@@ -275,28 +290,33 @@ class _Stream:
         socket has no timeout (gevent arms a timer for every blocking ``recv`` of a socket with
         one); elsewhere it is the socket timeout, set again once :data:`TIMEOUT_RESET_S` old.
         """
-        if not type(self.sock).__module__.startswith("gevent."):
-            return self._read_loop(self.sock.recv, reset_timeout=True, defer=None)
+        sock = self.sock
+        if not type(sock).__module__.startswith("gevent."):
+            return self._read_loop(sock.recv, sock.recvmsg, reset_timeout=True, defer=None)
         import gevent  # already imported: it made this socket
 
-        self.sock.settimeout(None)
+        sock.settimeout(None)
         guard = gevent.Timeout(max(self.remaining_s(), 0.0), TimeoutError("request deadline"))
         guard.start()
         try:
-            recv = _WaitFirstRecv.of(self.sock) or self.sock.recv
-            return self._read_loop(recv, reset_timeout=False, defer=gevent.sleep)
+            recv = _WaitFirstRecv.of(sock, "recv") or sock.recv
+            recvmsg = _WaitFirstRecv.of(sock, "recvmsg") or sock.recvmsg
+            return self._read_loop(recv, recvmsg, reset_timeout=False, defer=gevent.sleep)
         finally:
             guard.close()
 
     def _read_loop(
         self,
         recv: Callable[[int], bytes],
+        recvmsg: Callable[[int, int], tuple[bytes, list[tuple[int, int, bytes]], int, Any]],
         *,
         reset_timeout: bool,
         defer: Callable[[float], None] | None,
     ) -> str:
-        """The loop of :meth:`read_loop`. ``defer(0)``, when given, is called between a short
-        ``recv`` (the socket drained) and parsing it: under gevent it lets every other stream
+        """The loop of :meth:`read_loop`. With kernel arrival stamps (:attr:`arrival`) every
+        read is a ``recvmsg``, stamped on arrival until an action fires and when it returned
+        after. ``defer(0)``, when given, is called between a short read stamped when it
+        returned (the socket drained) and parsing it: under gevent it lets every other stream
         woken by the same poll take and stamp its read first, so a burst of events (one per
         stream per engine step) is stamped before any of it is parsed."""
         read = self.spec.read
@@ -307,6 +327,8 @@ class _Stream:
         deadline = self.deadline
         rec = self.record
         feed = self.parser.feed_data
+        arrival = self.arrival
+        on_arrival = arrival is not None  # stamp reads on arrival (until an action fires)
         timeout_set_at = -TIMEOUT_RESET_S if reset_timeout else float("inf")
         slot = now()
         while True:
@@ -314,6 +336,8 @@ class _Stream:
                 ended_by_action = self.maybe_act()
                 if ended_by_action is not None:
                     return ended_by_action
+                if rec.action is not None:
+                    on_arrival = False  # reads after a stall come late on purpose
             t = now()
             if slot > t:
                 if not self.pause(slot - t):
@@ -327,9 +351,19 @@ class _Stream:
             if t - timeout_set_at >= TIMEOUT_RESET_S:
                 sock.settimeout(remaining)
                 timeout_set_at = t
-            data = recv(bytes_per_read)  # OSError, TimeoutError: the caller
-            t = now()
-            slot = read.next_read_at(slot, t)
+            # OSError, TimeoutError: the caller
+            if arrival is None:
+                data = recv(bytes_per_read)
+                returned = t = now()
+            else:
+                data, ancdata, _, _ = recvmsg(bytes_per_read, ANCILLARY_BYTES)
+                returned = now()
+                if on_arrival:
+                    t = arrival.stamp(ancdata, returned)
+                else:
+                    t = returned
+                    arrival.returned()
+            slot = read.next_read_at(slot, returned)
             if not data:
                 return self._at_eof()
             rec.bytes_received += len(data)
@@ -337,7 +371,7 @@ class _Stream:
             if rec.t_first_byte is None:
                 rec.t_first_byte = t
             self.t_read = t
-            if defer is not None and len(data) < bytes_per_read:
+            if defer is not None and not on_arrival and len(data) < bytes_per_read:
                 defer(0)  # let the other streams ready in this wake-up stamp their reads first
             try:
                 feed(data)
@@ -362,6 +396,13 @@ class _Stream:
         self.record.error = self.record.error or "connection closed by server"
         return "cut_by_peer"
 
+    def record_stamps(self) -> None:
+        """Say in the record how its reads were stamped (``timestamps``, ``read_lag_max_ms``)."""
+        arrival, rec = self.arrival, self.record
+        rec.timestamps = "read" if arrival is None else arrival.label
+        if arrival is not None and arrival.kernel_reads:
+            rec.read_lag_max_ms = arrival.read_lag_max_s * 1000.0
+
     def outcome(self, ending: str) -> str:
         """Final outcome: HTTP status first, then error events, `[DONE]`, then the ending."""
         rec = self.record
@@ -382,38 +423,40 @@ class _Stream:
 
 
 class _WaitFirstRecv:
-    """``recv`` of a gevent socket that, after a read that drained the socket, waits for it to
-    be readable before calling ``recv(2)`` (gevent's own ``recv`` tries first, fails with
-    EAGAIN, raises and catches it, then waits: a system call and an exception per wake-up).
+    """``recv`` (or ``recvmsg``) of a gevent socket that, after a read that drained the
+    socket, waits for it to be readable before calling ``recv(2)`` (gevent's own ``recv`` tries
+    first, fails with EAGAIN, raises and catches it, then waits: a system call and an exception
+    per wake-up).
     It uses gevent's socket internals (``_sock``, ``_wait``, ``_read_event``, the same since
     gevent 1.x); :meth:`of` gives None where they are missing. The socket must have no
     timeout (the request's deadline is a ``gevent.Timeout``)."""
 
     __slots__ = ("_recv", "_wait", "_readable", "_drained")
 
-    def __init__(self, sock: Any) -> None:
-        self._recv = sock._sock.recv
+    def __init__(self, sock: Any, method: str) -> None:
+        self._recv = getattr(sock._sock, method)
         self._wait = sock._wait
         self._readable = sock._read_event
         self._drained = False
 
     @classmethod
-    def of(cls, sock: socket.socket) -> _WaitFirstRecv | None:
+    def of(cls, sock: socket.socket, method: str) -> _WaitFirstRecv | None:
+        """The wrapper of ``sock``'s ``method`` (``"recv"`` or ``"recvmsg"``), or None."""
         if all(hasattr(sock, a) for a in ("_sock", "_wait", "_read_event")):
-            return cls(sock)
+            return cls(sock, method)
         return None
 
-    def __call__(self, n: int) -> bytes:
+    def __call__(self, n: int, *args: int) -> Any:
         if self._drained:
             self._wait(self._readable)
         while True:
             try:
-                data: bytes = self._recv(n)
+                result = self._recv(n, *args)
             except BlockingIOError:
                 self._wait(self._readable)
                 continue
-            self._drained = len(data) < n
-            return data
+            self._drained = len(result[0] if args else result) < n
+            return result
 
 
 def stream_request(
@@ -471,6 +514,7 @@ def stream_request(
         if isinstance(e, Exception) or on_interrupt is None:
             raise
         record.t_end = time.monotonic()
+        stream.record_stamps()
         record.completion_tokens = stream.tokens.total
         record.outcome = "client_abort"
         record.error = f"interrupted: {type(e).__name__}"
@@ -480,6 +524,7 @@ def stream_request(
         stream.decoder.close()
         stream.sock.close()
         record.t_end = time.monotonic()
+        stream.record_stamps()
     record.completion_tokens = stream.tokens.total
     record.outcome = stream.outcome(ending)
     return record

@@ -28,7 +28,11 @@ class UserGroupConfig(BaseModel):
 
     ``wait_s``: pause between a user's requests (s). ``rcvbuf_bytes``: ``SO_RCVBUF`` set before
     ``connect`` (Linux doubles it, socket(7)); ``None`` keeps the default and auto-tuning.
-    ``read``: read pacing; ``action``: what the client does after N tokens (or ``None``).
+    ``read``: read pacing; ``timestamps``: how reads are stamped, ``"kernel"`` (a full-speed
+    reader's reads get the time the kernel received their bytes, ``SO_TIMESTAMPNS``, so the
+    load process's scheduling stays out of TTFT and ITL; paced reads and reads after an action
+    are always stamped when ``recv`` returns) or ``"read"`` (every read when it returned);
+    ``action``: what the client does after N tokens (or ``None``).
     ``network_profile``: label of the link the group's process runs behind (recorded as is).
     ``endpoint``: ``completions`` (``/v1/completions``) or ``chat`` (``/v1/chat/completions``).
     ``prompt_tokens``: approximate prompt length (words of a deterministic prompt).
@@ -53,6 +57,7 @@ class UserGroupConfig(BaseModel):
     wait_s: float = Field(default=0.0, ge=0)
     rcvbuf_bytes: int | None = Field(default=None, ge=1)
     read: ReadConfig = Field(default_factory=FullSpeed)
+    timestamps: Literal["kernel", "read"] = "kernel"
     action: ActionConfig | None = None
     network_profile: str = "none"
     endpoint: Literal["completions", "chat"] = "completions"

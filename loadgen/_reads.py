@@ -23,6 +23,10 @@ class ReadBehaviour(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     kind: str
+    reads_on_arrival: ClassVar[bool] = False
+    """True for a kind that calls ``recv`` again as soon as the last one returned, so that a
+    read is late only by the client's own scheduling: its reads are then stamped with the
+    kernel's arrival time (``_stamps``) unless the group asks for ``timestamps = "read"``."""
 
     def next_read_at(self, slot_s: float, returned_s: float) -> float:
         """Monotonic time (s) of the next ``recv``, given this read's slot and return time."""
@@ -41,6 +45,7 @@ class FullSpeed(ReadBehaviour):
     model_config = ConfigDict(frozen=True, extra="forbid")
     kind: Literal["full_speed"] = "full_speed"
     bytes_per_read: ClassVar[int] = FULL_SPEED_READ_BYTES
+    reads_on_arrival: ClassVar[bool] = True
 
     def next_read_at(self, slot_s: float, returned_s: float) -> float:
         """Monotonic time (s) of the next ``recv``: immediately."""

@@ -34,7 +34,9 @@ class Chunk(msgspec.Struct, gc=False):
     """One SSE event that carried a completion chunk (a msgspec Struct: cheap to create and to
     encode, one per event).
 
-    ``t`` is the monotonic time (s) when the event was complete; ``tokens`` the output tokens it
+    ``t`` is the monotonic time (s) when the event was complete: when the kernel received the
+    read's last segment, or when ``recv`` returned (the record's ``timestamps`` says which);
+    ``tokens`` the output tokens it
     carried (difference of consecutive ``usage.completion_tokens`` when the server sends
     continuous usage stats, else 1 per non-empty text delta); ``bytes`` the size of the event
     on the wire; ``text`` the text delta.
@@ -61,6 +63,14 @@ class RequestRecord:
     20 ms (``_client.CUT_POLL_S``) without reading. ``cut_kind`` is ``"rst"`` or ``"fin"``. A
     FIN travels behind the bytes sent before it, so a client that does not read sees it only if
     those bytes fit its receive buffer; a RST overtakes a closed window.
+
+    ``timestamps`` says how the reads (``t_first_byte``, ``t_last_byte``, the chunks' ``t``)
+    were stamped: ``"kernel"``, each with the time the kernel received its last segment
+    (``SO_TIMESTAMPNS``: full-speed readers); ``"read"``, when ``recv`` returned (paced
+    readers, ``timestamps = "read"``, or a kernel that gives no stamps); ``"mixed"``, kernel
+    stamps until an action fired (or where one was missing), return times after.
+    ``read_lag_max_ms`` is the longest a kernel-stamped read waited in the receive buffer
+    before the client took it (how late the client was); ``None`` without kernel stamps.
     """
 
     request_id: str
@@ -92,6 +102,8 @@ class RequestRecord:
     t_cut_seen: float | None = None
     cut_kind: str | None = None
     stream_id: str | None = None  # the ``id`` of the stream's chunks (engine request id prefix)
+    timestamps: str = "read"
+    read_lag_max_ms: float | None = None
 
     @property
     def ttft_ms(self) -> float | None:

@@ -29,7 +29,7 @@ import os
 import re
 import threading
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from locust import User, constant, task
 from locust.exception import StopUser
@@ -74,7 +74,9 @@ class StreamingUser(User):
     ``model``, ``endpoint`` (``"completions"`` | ``"chat"``), ``prompt_tokens``,
     ``max_tokens``, ``ignore_eos``, ``timeout_s`` (per-request deadline, s), ``read``
     (:data:`ReadConfig`), ``action`` (:data:`ActionConfig` or ``None``), ``rcvbuf_bytes``
-    (``SO_RCVBUF`` before connect, ``None`` = kernel default), ``requests_per_user`` (stop after
+    (``SO_RCVBUF`` before connect, ``None`` = kernel default), ``timestamps`` (``"kernel"``:
+    full-speed reads stamped with the kernel's arrival time; ``"read"``: when ``recv``
+    returned; see :class:`RequestSpec`), ``requests_per_user`` (stop after
     that many, ``None`` = never), ``group_name`` (default: the class name), ``network_profile``,
     ``records_path``, ``seed`` (prompt seed), ``wait_time`` (Locust; default none).
 
@@ -94,6 +96,7 @@ class StreamingUser(User):
     read: ClassVar[ReadConfig | dict[str, Any]] = FullSpeed()
     action: ClassVar[ActionConfig | dict[str, Any] | None] = None
     rcvbuf_bytes: ClassVar[int | None] = None
+    timestamps: ClassVar[Literal["kernel", "read"]] = "kernel"
     requests_per_user: ClassVar[int | None] = None
     group_name: ClassVar[str | None] = None
     network_profile: ClassVar[str] = "none"
@@ -136,6 +139,7 @@ class StreamingUser(User):
             read=self._zw_read,
             action=self._zw_action,
             rcvbuf_bytes=cls.rcvbuf_bytes,
+            timestamps=cls.timestamps,
             user_class=cls.__name__,
             group=self._zw_group,
             network_profile=cls.network_profile,
@@ -246,6 +250,7 @@ def user_class_from_config(
         "read": group.read,
         "action": group.action,
         "rcvbuf_bytes": group.rcvbuf_bytes,
+        "timestamps": group.timestamps,
         "records_path": Path(records_path),
         "seed": seed,
     }

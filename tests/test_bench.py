@@ -38,7 +38,10 @@ def test_bench_client_json_has_every_figure_and_verdict():
     assert ours["ceiling_events_per_s"] > 0
     for key in ("cpu_us_per_event", "itl_err_p50_ms", "itl_err_p99_ms", "delay_p99_ms"):
         assert key in ours
-    assert data["skipped"] == {"vllm": "not asked for (--clients)"}
+    assert data["skipped"] == {
+        "zerowindow-read": "not asked for (--clients)",
+        "vllm": "not asked for (--clients)",
+    }
     assert set(data["ratios"]) == {"cpu_us_per_event", "ceiling_events_per_s", "itl_err_p99_ms"}
     assert [v["name"] for v in data["verdicts"]] == ["cpu_per_event", "ceiling", "itl_err_p99"]
     for v in data["verdicts"]:  # vLLM's client was not run: not measured, and why

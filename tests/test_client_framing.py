@@ -159,7 +159,7 @@ def serve(stall):
         gevent.sleep(0.01)
     c.close()
 url = "http://127.0.0.1:%d" % srv.getsockname()[1]
-wait_first = _WaitFirstRecv.of(socket.socket()) is not None
+wait_first = all(_WaitFirstRecv.of(socket.socket(), m) for m in ("recv", "recvmsg"))
 out = {"socket": socket.socket.__module__, "wait_first": wait_first}
 for stall in (False, True):
     gevent.spawn(serve, stall)
@@ -167,6 +167,7 @@ for stall in (False, True):
     spec = RequestSpec(host=url, model="m", prompt="p", prompt_tokens=1, timeout_s=1.0)
     rec = stream_request(spec)
     out[str(stall)] = [rec.outcome, rec.http_status, rec.completion_tokens, time.monotonic() - t0]
+    out["timestamps" + str(stall)] = rec.timestamps
 print(json.dumps(out))
 """
 
@@ -181,6 +182,7 @@ def test_under_gevent_reads_wait_first_and_the_deadline_is_one_timer() -> None:
     assert out["socket"].startswith("gevent") and out["wait_first"]
     outcome, status, tokens, _ = out["False"]
     assert (outcome, status, tokens) == ("complete", 200, 20)
+    assert out["timestampsFalse"] == "kernel"  # the first request of the process too
     outcome, status, tokens, elapsed_s = out["True"]
     assert (outcome, status, tokens) == ("timeout", 200, 0)
     assert 0.9 < elapsed_s < 5.0

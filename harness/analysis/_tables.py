@@ -23,7 +23,7 @@ REQUEST_COLUMNS = [
     "completion_tokens", "bytes_received", "n_chunks", "stall_s",
     "action", "t_action", "t_stall", "t_cut_seen", "cut_kind", "stall_to_cut_ms",
     "server_send_q_peak_bytes", "server_rwnd_limited_ms", "server_sndbuf_limited_ms",
-    "server_retransmits", "stream_id",
+    "server_retransmits", "stream_id", "timestamps", "read_lag_max_ms",
 ]  # fmt: skip
 # Per-request figures from the server's socket samples: column -> (sockets column, aggregate).
 SERVER_SOCKET_FIGURES = {

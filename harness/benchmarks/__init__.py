@@ -1,8 +1,8 @@
 """Self-checks of the toolkit's own machinery, run on the user's machine before trusting its
 figures: ``zerowindow bench client`` (our load client beside vLLM's benchmark client) and
 ``zerowindow bench proxy`` (the egress buffer beside nginx, HAProxy and Envoy), with the
-targets of docs/bench.md as verdicts. ``make bench`` (bench/run.py) writes bench/RESULTS.md from the same
-functions.
+targets of docs/bench.md as verdicts. ``make bench`` (bench/run.py) writes bench/RESULTS.md
+from the same functions.
 
 One concern per module: the bench SSE server (``_sse_server``), the client benchmark
 (``_client_bench``), vLLM's client runner (``_vllm_client``), the client comparison and its

@@ -45,7 +45,10 @@ from harness.benchmarks._common import (
 )
 
 LOCUSTFILE = Path(loadgen.__file__).with_name("locustfile.py")
-CLIENTS = ("zerowindow", "vllm")
+CLIENTS = ("zerowindow", "zerowindow-read", "vllm")
+"""``zerowindow``: the toolkit's client as a run uses it (full-speed reads stamped with the
+kernel's arrival time); ``zerowindow-read``: the same with ``timestamps = "read"`` (each read
+stamped when ``recv`` returned, as vLLM's client does); ``vllm``: vLLM's benchmark client."""
 
 
 def _cpus() -> tuple[int | None, int | None]:
@@ -97,12 +100,13 @@ class SseServer:
 
 def _group_config(
     path: Path, *, port: int, streams: int, events: int, read: dict[str, Any],
-    rcvbuf: int | None,
+    rcvbuf: int | None, timestamps: str = "kernel",
 ) -> None:  # fmt: skip
     config = {
         "group": {
             "name": "bench", "users": streams, "requests_per_user": 1, "prompt_tokens": 1,
             "max_tokens": events, "timeout_s": 3600, "read": read, "rcvbuf_bytes": rcvbuf,
+            "timestamps": timestamps,
         },
         "host": f"http://127.0.0.1:{port}",
         "model": "bench",
@@ -245,7 +249,7 @@ def run_slow(
 class ItlResult:
     """Consumption, CPU and ITL accuracy of one client on one workload."""
 
-    client: str  # "zerowindow" | "vllm"
+    client: str  # one of CLIENTS
     streams: int
     interval_ms: float  # server's gap between a stream's chunks (0: as fast as possible)
     offered_events_per_s: float  # streams * 1000 / interval (inf for 0)
@@ -298,11 +302,11 @@ def _figures(streams: list[tuple[list[float], list[int]]]) -> dict[str, float]:
 
 
 def _run_ours(
-    children: Children, workdir: Path, port: int, streams: int, events: int
+    children: Children, workdir: Path, port: int, streams: int, events: int, *, timestamps: str
 ) -> tuple[list[tuple[list[float], list[int]]], int, CpuTrace]:
     _group_config(
         workdir / "group.json", port=port, streams=streams, events=events,
-        read={"kind": "full_speed"}, rcvbuf=None,
+        read={"kind": "full_speed"}, rcvbuf=None, timestamps=timestamps,
     )  # fmt: skip
     argv, env = _locust(workdir, users=streams, spawn_rate=streams, run_time_s=600)
     with open(workdir / "locust.log", "wb") as log:
@@ -364,8 +368,9 @@ def _run_vllm(
 
 def run_itl(*, client: str, streams: int, interval_ms: float, events: int) -> ItlResult:
     """Stream ``events`` chunks on each of ``streams`` concurrent requests, one every
-    ``interval_ms`` (0: as fast as possible), read by ``client`` (``zerowindow``: one Locust
-    process with the toolkit's locustfile; ``vllm``: vLLM's benchmark request function), and
+    ``interval_ms`` (0: as fast as possible), read by ``client`` (``zerowindow`` and
+    ``zerowindow-read``: one Locust process with the toolkit's locustfile, kernel or read
+    stamps; ``vllm``: vLLM's benchmark request function), and
     measure the client. Raises :class:`BenchError` when the client fails."""
     if client not in CLIENTS:
         raise BenchError(f"unknown client {client!r}: one of {', '.join(CLIENTS)}")
@@ -373,9 +378,13 @@ def run_itl(*, client: str, streams: int, interval_ms: float, events: int) -> It
     try:
         with Children() as children:
             server = SseServer(children, events=events, interval_ms=interval_ms)
-            run = _run_ours if client == "zerowindow" else _run_vllm
             server_trace = CpuTrace(server.proc.pid, period_s=0.05)
-            per_stream, failed, trace = run(children, workdir, server.port, streams, events)
+            args = (children, workdir, server.port, streams, events)
+            if client == "vllm":
+                per_stream, failed, trace = _run_vllm(*args)
+            else:
+                stamps = "read" if client == "zerowindow-read" else "kernel"
+                per_stream, failed, trace = _run_ours(*args, timestamps=stamps)
             server_trace.stop()
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

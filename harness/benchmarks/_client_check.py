@@ -132,10 +132,9 @@ def run_client_bench(
     skipped: dict[str, str] = {}
     if "vllm" in clients and (why := vllm_missing()) is not None:
         skipped["vllm"] = why
-    if "zerowindow" not in clients:
-        skipped["zerowindow"] = "not asked for (--clients)"
-    if "vllm" not in clients:
-        skipped["vllm"] = "not asked for (--clients)"
+    for c in CLIENTS:
+        if c not in clients:
+            skipped[c] = "not asked for (--clients)"
     runs = [c for c in CLIENTS if c not in skipped]
     full, paced = {}, {}
     for c in runs:
@@ -190,6 +189,18 @@ def run_client_bench(
             )
         if f.failed:
             notes.append(f"{c}: {f.failed} requests did not complete")
+    read = figures.get("zerowindow-read")
+    if ours is not None and read is not None:
+        a, b = ours.itl_err_p99_ms, read.itl_err_p99_ms
+        if a is not None and b is not None:
+            vs = f" (vLLM's client: {theirs.itl_err_p99_ms:.3f})" if theirs else ""
+            cpu = read.cpu_us_per_event
+            notes.append(
+                f"stamps: with the kernel's arrival time our ITL error p99 is {a:.3f} ms; "
+                f"stamped when recv returns (zerowindow-read) it is {b:.3f} ms{vs}, at "
+                f"{cpu if cpu is not None else math.nan:.2f} µs of CPU per event: the "
+                "difference is the load process's own scheduling"
+            )
     return ClientBench(
         command=command or client_command(clients, streams, events, paced_events, interval_ms),
         streams=streams,
