@@ -197,9 +197,10 @@ def run_client_bench(
             cpu = read.cpu_us_per_event
             notes.append(
                 f"stamps: with the kernel's arrival time our ITL error p99 is {a:.3f} ms; "
-                f"stamped when recv returns (zerowindow-read) it is {b:.3f} ms{vs}, at "
-                f"{cpu if cpu is not None else math.nan:.2f} µs of CPU per event: the "
-                "difference is the load process's own scheduling"
+                f"stamped when recv returns (zerowindow-read) it is {b:.3f} ms{vs}; CPU "
+                f"per event at full speed {cpu if cpu is not None else math.nan:.2f} µs "
+                f"against {ours.cpu_us_per_event or math.nan:.2f}. The difference in ITL "
+                "error is the load process's own scheduling"
             )
     return ClientBench(
         command=command or client_command(clients, streams, events, paced_events, interval_ms),
