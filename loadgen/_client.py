@@ -114,11 +114,13 @@ class _Stream:
         self.tokens = TokenCounter()
         self.done = False  # `[DONE]` seen
         self.error_seen = False
-        self.error_body = bytearray()
+        self.body_head = bytearray()  # the first bytes of an error's or a non-SSE body
+        self.sse = False  # the final response's Content-Type is text/event-stream
         self.parser = httptools.HttpResponseParser(self)
         self.t_read = 0.0  # monotonic time of the recv being parsed
         self.head_done = False  # the final (non-1xx) response head was parsed
         self.body_framed = False  # Content-Length or chunked: EOF before the end is a cut
+        self.content_type: bytes | None = None  # of the final response
         self.complete = False  # the response message ended
         self.body: list[bytes] = []  # body pieces of the recv being parsed (one per HTTP chunk)
         self.arrival: ArrivalClock | None = None  # kernel arrival stamps, when they are used
@@ -214,16 +216,27 @@ class _Stream:
 
     # httptools callbacks (llhttp calls them from ``parser.feed_data``)
     def on_header(self, name: bytes, value: bytes) -> None:
-        if name.lower() in (b"content-length", b"transfer-encoding"):
+        name = name.lower()
+        if name in (b"content-length", b"transfer-encoding"):
             self.body_framed = True
+        elif name == b"content-type":
+            self.content_type = value
 
     def on_headers_complete(self) -> None:
         status = self.parser.get_status_code()
         if status >= 200:  # a 1xx is followed by the real response
             self.record.http_status = status
             self.head_done = True
+            self.sse = self.is_sse()
         else:
             self.body_framed = False
+            self.content_type = None
+
+    def is_sse(self) -> bool:
+        """Whether the response's ``Content-Type`` is ``text/event-stream`` (WHATWG HTML,
+        "Server-sent events": the media type of an event stream; parameters ignored)."""
+        ct = self.content_type
+        return ct is not None and ct.split(b";", 1)[0].strip().lower() == b"text/event-stream"
 
     def on_message_complete(self) -> None:
         if self.head_done:
@@ -238,10 +251,11 @@ class _Stream:
         data = body[0] if len(body) == 1 else b"".join(body)
         body.clear()
         rec = self.record
-        if rec.http_status != 200:
-            room = _MAX_ERROR_BODY_BYTES - len(self.error_body)
-            self.error_body.extend(data[: max(0, room)])
-            return
+        if rec.http_status != 200 or not self.sse:
+            room = _MAX_ERROR_BODY_BYTES - len(self.body_head)
+            self.body_head.extend(data[: max(0, room)])
+            if rec.http_status != 200:
+                return
         for ev in self.decoder.feed(data):
             if self.done:
                 continue
@@ -403,15 +417,23 @@ class _Stream:
         if arrival is not None and arrival.kernel_reads:
             rec.read_lag_max_ms = arrival.read_lag_max_s * 1000.0
 
+    def _with_body(self, message: str) -> str:
+        body = self.body_head.decode("utf-8", errors="replace").strip()
+        return message + (f": {body[:500]}" if body else "")
+
     def outcome(self, ending: str) -> str:
-        """Final outcome: HTTP status first, then error events, `[DONE]`, then the ending."""
+        """Final outcome: HTTP status first, then a 200 that is not an event stream (and
+        never sent ``[DONE]``), error events, ``[DONE]``, then the ending."""
         rec = self.record
         if rec.http_status is not None and rec.http_status != 200:
-            body = self.error_body.decode("utf-8", errors="replace").strip()
-            rec.error = f"HTTP {rec.http_status}" + (f": {body[:500]}" if body else "")
+            rec.error = self._with_body(f"HTTP {rec.http_status}")
             return "http_error"
         if ending == "protocol_error":
             return "http_error"
+        if rec.http_status == 200 and not self.sse and not self.done and not self.error_seen:
+            ct = "none" if self.content_type is None else self.content_type.decode("latin-1")
+            rec.error = self._with_body(f"HTTP 200 with Content-Type {ct}, not text/event-stream")
+            return "not_sse"
         if self.error_seen:
             return "server_error_event"
         if self.done:
@@ -465,7 +487,8 @@ def stream_request(
     """Send one streaming request, read the whole response as ``spec`` says, return its record.
 
     Never raises for connection, HTTP or stream trouble: the record's ``outcome`` says what
-    happened (``complete``, ``http_error``, ``server_error_event``, ``cut_by_peer`` for EOF,
+    happened (``complete``, ``http_error``, ``server_error_event``, ``not_sse`` for a 200
+    that is not ``text/event-stream`` and never sent ``[DONE]``, ``cut_by_peer`` for EOF,
     ECONNRESET or a refused connection before ``[DONE]``, ``client_abort``, ``timeout``) and
     ``error`` has the detail. Raises ``ValueError`` for a host that is not an ``http://`` URL.
     Blocks (cooperatively under gevent) until the response ends or ``spec.timeout_s`` passes.

@@ -193,3 +193,29 @@ def test_done_then_close_before_the_last_chunk_is_complete(one_shot: type[OneSho
     server = one_shot([wire[: -len(b"0\r\n\r\n")]])
     rec = stream_request(_spec(server.url))
     assert (rec.outcome, rec.error, rec.cut_kind) == ("complete", None, None)
+
+
+@pytest.mark.parametrize(
+    ("content_type", "shown"),
+    [(b"content-type: text/plain\r\n", "text/plain"), (b"", "none")],
+)
+def test_a_200_that_is_not_an_event_stream_is_not_sse(
+    one_shot: type[OneShot], content_type: bytes, shown: str
+) -> None:
+    body = b"model overloaded, try later"
+    wire = b"HTTP/1.1 200 OK\r\n" + content_type + b"content-length: %d\r\n\r\n" % len(body)
+    rec = stream_request(_spec(one_shot([wire + body]).url))
+    assert (rec.outcome, rec.http_status) == ("not_sse", 200)
+    assert rec.error == f"HTTP 200 with Content-Type {shown}, not text/event-stream: {body.decode()}"
+
+
+def test_an_event_stream_with_parameters_or_a_wrong_type_that_completes_is_complete(
+    one_shot: type[OneShot],
+) -> None:
+    for head in (
+        b"HTTP/1.1 200 OK\r\ncontent-type: Text/Event-Stream; charset=utf-8\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n",  # SSE under the wrong type
+    ):
+        wire = head + b"transfer-encoding: chunked\r\n\r\n" + _chunked(_sse(3))
+        rec = stream_request(_spec(one_shot([wire]).url))
+        assert (rec.outcome, rec.error, rec.completion_tokens) == ("complete", None, 3)
