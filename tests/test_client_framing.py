@@ -206,7 +206,8 @@ def test_a_200_that_is_not_an_event_stream_is_not_sse(
     wire = b"HTTP/1.1 200 OK\r\n" + content_type + b"content-length: %d\r\n\r\n" % len(body)
     rec = stream_request(_spec(one_shot([wire + body]).url))
     assert (rec.outcome, rec.http_status) == ("not_sse", 200)
-    assert rec.error == f"HTTP 200 with Content-Type {shown}, not text/event-stream: {body.decode()}"
+    expected = f"HTTP 200 with Content-Type {shown}, not text/event-stream: {body.decode()}"
+    assert rec.error == expected
 
 
 def test_an_event_stream_with_parameters_or_a_wrong_type_that_completes_is_complete(
