@@ -9,6 +9,7 @@ profile the scenario defines in ``[netem.profiles.<name>]`` (a table of
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
@@ -25,9 +26,9 @@ def _errors(exc: ValidationError) -> str:
     )
 
 
-def check_profiles(groups: dict[str, str], custom: dict[str, dict[str, Any]]) -> list[str]:
-    """Problems with the groups' profile names (``{group: profile name}``) and the
-    scenario's own profiles, one message each; empty when all is well."""
+def check_profiles(custom: dict[str, dict[str, Any]]) -> list[str]:
+    """Problems with the scenario's own profiles (``[netem.profiles]``), one message each;
+    empty when all is well. A group's profile name is checked by :func:`unknown_profile`."""
     problems = []
     for name, fields in custom.items():
         if name == NONE or name in PRESETS:
@@ -39,11 +40,16 @@ def check_profiles(groups: dict[str, str], custom: dict[str, dict[str, Any]]) ->
             problems.append(f"netem.profiles.{name}: {exc}")
         except ValidationError as exc:
             problems.append(f"netem.profiles.{name}: {_errors(exc)}")
-    for group, name in groups.items():
-        if name != NONE and name not in PRESETS and name not in custom:
-            valid = ", ".join(sorted([NONE, *PRESETS, *custom]))
-            problems.append(f"group {group}: unknown network_profile {name!r}; valid: {valid}")
     return problems
+
+
+def unknown_profile(name: str, custom: Mapping[str, Any]) -> str | None:
+    """``"unknown network_profile 'x'; valid: ..."`` when ``name`` is neither ``none``, a
+    preset nor one of the scenario's ``custom`` profiles; None when it is known."""
+    if name == NONE or name in PRESETS or name in custom:
+        return None
+    valid = ", ".join(sorted([NONE, *PRESETS, *custom]))
+    return f"unknown network_profile {name!r}; valid: {valid}"
 
 
 def resolve_group_profile(name: str, custom: dict[str, dict[str, Any]]) -> LinkProfile | None:

@@ -109,12 +109,14 @@ requests_per_user = 1
 """
 
 
-def test_unknown_network_profile_is_named_with_the_valid_ones(tmp_path: Path):
+def test_unknown_network_profile_is_named_with_the_valid_ones_at_its_line(tmp_path: Path):
     text = BASE + 'network_profile = "5g"\n'
     with pytest.raises(ScenarioError) as err:
         parse_scenario(text, path=tmp_path / "s.toml")
     message = str(err.value)
-    assert "group slow: unknown network_profile '5g'" in message
+    line = text.splitlines().index('network_profile = "5g"') + 1
+    assert f"s.toml:{line}: field 'groups.0.network_profile'" in message
+    assert "unknown network_profile '5g'" in message
     assert "3g" in message and "none" in message
 
 

@@ -16,11 +16,12 @@ from pydantic import (
     Field,
     PlainSerializer,
     PlainValidator,
+    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from harness.runfolder import figure_names
 from harness.scenario._gate_syntax import Gate, GateSyntaxError, parse_gate, unknown_figures
@@ -148,7 +149,7 @@ class NetemConfig(_Strict):
     def _valid_profiles(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         from netem import check_profiles
 
-        problems = check_profiles({}, value)
+        problems = check_profiles(value)
         if problems:
             raise ValueError("; ".join(problems))
         return value
@@ -231,12 +232,22 @@ class Scenario(_Strict):
 
     @model_validator(mode="after")
     def _known_network_profiles(self) -> Scenario:
-        from netem import check_profiles
+        """Each group's ``network_profile`` names a preset or a ``[netem.profiles]`` entry;
+        an unknown one is reported at the group's field (so at its line in the file)."""
+        from netem import unknown_profile
 
-        groups = {g.name: g.network_profile for g in self.groups}
-        problems = check_profiles(groups, self.netem.profiles)
-        if problems:
-            raise ValueError("; ".join(problems))
+        errors: list[InitErrorDetails] = [
+            {
+                "type": "value_error",
+                "loc": ("groups", i, "network_profile"),
+                "input": g.network_profile,
+                "ctx": {"error": ValueError(problem)},
+            }
+            for i, g in enumerate(self.groups)
+            if (problem := unknown_profile(g.network_profile, self.netem.profiles)) is not None
+        ]
+        if errors:
+            raise ValidationError.from_exception_data(type(self).__name__, errors)
         return self
 
     def needs_topology(self) -> bool:
