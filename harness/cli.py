@@ -15,6 +15,7 @@ from harness.gates import BaselineError, load_baseline, save_baseline
 from harness.lifecycle import (
     Distribution,
     RunProgress,
+    check_listen_address,
     parse_address,
     reanalyze,
     run_comparison,
@@ -111,6 +112,7 @@ def run(
     if workers or remote_workers:
         with setup_errors("invalid argument", scenario=scenario):
             host, port = parse_address(master_bind, default_port=0)
+            check_listen_address(host)
             distribution = Distribution(workers, remote_workers, host, port)
     if config.proxies:
         if distribution is not None:

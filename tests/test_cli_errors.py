@@ -21,6 +21,11 @@ from harness.cli import app
         (["compare", "{tmp}/a"], "two or more run folders, got 1"),
         (["compare", "{tmp}/a", "{tmp}/b", "--format", "yaml"], "--format 'yaml': one of"),
         (["model", "tiny", "/proc/zw-cannot-write"], "cannot write the tiny model"),
+        (
+            # TEST-NET-1 (RFC 5737): no local address; binding fails, nothing is sent
+            ["run", "scenarios/sim-coupled.toml", "--workers", "1", "--master-bind", "192.0.2.1"],
+            "cannot listen on '192.0.2.1'",
+        ),
     ],
 )
 def test_bad_input_is_exit_2_with_a_message(tmp_path, args, says):

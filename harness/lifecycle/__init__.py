@@ -17,6 +17,7 @@ from harness.lifecycle._conclude import (
 from harness.lifecycle._distributed import (
     DistributedError,
     Distribution,
+    check_listen_address,
     parse_address,
     run_worker,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "RunResult",
     "conclude",
     "exit_code",
+    "check_listen_address",
     "parse_address",
     "reanalyze",
     "run_comparison",

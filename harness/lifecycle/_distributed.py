@@ -139,6 +139,21 @@ def parse_address(text: str, *, default_port: int | None = None) -> tuple[str, i
     return host, int(port_text)
 
 
+def check_listen_address(host: str) -> None:
+    """Raises :class:`DistributedError` unless this machine can listen on ``host`` (a local
+    address or a name resolving to one; ``*`` for every address, as Locust's
+    ``--master-bind-host`` takes it), tried by binding a socket to port 0 there and closing
+    it: so that a bad ``--master-bind`` is refused before the target starts."""
+    try:
+        family, type_, proto, _, addr = socket.getaddrinfo(
+            "0.0.0.0" if host == "*" else host, 0, type=socket.SOCK_STREAM
+        )[0]
+        with socket.socket(family, type_, proto) as s:
+            s.bind(addr)
+    except OSError as exc:
+        raise DistributedError(f"cannot listen on {host!r}: {exc.strerror or exc}") from None
+
+
 def _free_port(host: str) -> int:
     with socket.socket() as s:
         s.bind((host if host not in ("*", "0.0.0.0") else "127.0.0.1", 0))
