@@ -116,3 +116,26 @@ def test_a_url_target_with_a_missing_engine_dir_fails_its_start(tmp_path):
     )
     with pytest.raises(TargetError, match=r"\[target\] engine_dir .*x: no such folder"):
         UrlTarget(config).start(tmp_path)
+
+
+def test_a_missing_model_fails_before_vllm_starts_naming_it(monkeypatch, tmp_path):
+    from harness.servers._vllm import missing_model
+
+    launches = _Launches([])
+    monkeypatch.setattr(ServerProcess, "launch", launches)
+    monkeypatch.chdir(tmp_path)
+    cache = tmp_path / "hf-cache"
+    for model, says in (
+        ("models/nope", f"'{tmp_path / 'models' / 'nope'}' does not exist"),
+        ("./nope", f"model folder '{tmp_path / 'nope'}' does not exist"),
+        ("someorg/some-model", f"nor in the Hugging Face cache ({cache})"),
+    ):
+        target = VllmTarget(
+            VllmTargetConfig(kind="vllm", model=model, env={"HF_HUB_CACHE": str(cache)})
+        )
+        with pytest.raises(TargetError, match="does not exist") as err:
+            target.start(tmp_path)
+        assert says in str(err.value) and "LocalEntryNotFoundError" not in str(err.value)
+    assert launches.argvs == []  # vLLM was never started
+    assert missing_model(str(tmp_path), env={}) is None  # a folder that exists
+    assert missing_model("someorg/some-model", env={"HF_HUB_OFFLINE": "0"}) is None

@@ -92,8 +92,12 @@ class VllmTarget(LaunchedTarget):
     def start(self, run_dir: Path) -> None:
         """Start vLLM with the engine probe (unless ``engine_probe = "off"``). A probe that
         cannot load, or that reports a failure at start, fails the start with the reason, or
-        with ``fallback`` restarts vLLM without it (the run is then scrape-only). Raises
+        with ``fallback`` restarts vLLM without it (the run is then scrape-only). A model that
+        cannot be on this machine fails before vLLM starts (:func:`missing_model`). Raises
         :class:`~zwcore.TargetError`."""
+        env = {**os.environ, **self.launch_env()}
+        if (why := missing_model(self.config.model, env=env)) is not None:
+            raise TargetError(why)
         try:
             super().start(run_dir)
         except TargetError as exc:
@@ -149,3 +153,39 @@ class VllmTarget(LaunchedTarget):
             *(["--scheduler-cls", PROBE_CLASS] if self.probe_loaded else []),
             *self.config.extra_args,
         ]  # fmt: skip
+
+
+def missing_model(model: str, *, env: dict[str, str]) -> str | None:
+    """Why vLLM could not load ``model`` here, or None when it may. A local path (absolute,
+    beginning with ``.`` or ``~``, or not of the ``org/name`` form) must exist; an ``org/name``
+    must be in the Hugging Face cache (``HF_HUB_CACHE``, else ``HF_HOME``/hub, of ``env``)
+    unless ``env`` allows downloads (``HF_HUB_OFFLINE`` other than ``1``; the target sets
+    it to ``1``). Without ``huggingface_hub`` in this
+    interpreter the cache is not looked at. Saying so here names the model, where vLLM would
+    end with ``LocalEntryNotFoundError`` after its start-up."""
+    path = Path(model).expanduser()
+    if path.exists():
+        return None
+    if path.is_absolute() or model.startswith((".", "~")) or model.count("/") != 1:
+        return (
+            f"model folder {str(path.resolve())!r} does not exist (target.model = {model!r}; "
+            f"a relative path is resolved against {os.getcwd()}; `zerowindow model tiny DIR` "
+            "makes a test model)"
+        )
+    if env.get("HF_HUB_OFFLINE", "1").lower() not in ("1", "true", "yes", "on"):
+        return None  # downloads allowed by the scenario's env
+    try:
+        from huggingface_hub import constants, try_to_load_from_cache
+    except ImportError:
+        return None
+    home = env.get("HF_HOME")
+    cache = env.get("HF_HUB_CACHE") or (str(Path(home) / "hub") if home else None)
+    cache = cache or constants.HF_HUB_CACHE
+    if isinstance(try_to_load_from_cache(model, "config.json", cache_dir=cache), str):
+        return None
+    return (
+        f"model {model!r} is neither a folder ({str(path.resolve())!r} does not exist) nor in "
+        f"the Hugging Face cache ({cache}); vLLM runs with HF_HUB_OFFLINE=1 and downloads "
+        "nothing: give target.model a local folder (`zerowindow model tiny DIR` makes a test "
+        "model), or fill the cache first"
+    )
