@@ -67,6 +67,20 @@ def test_formats(dirs):
     assert rich_table(c).row_count == 2
 
 
+def test_a_run_that_did_not_complete_is_marked_in_every_format(dirs, tmp_path):
+    cut = tmp_path / "cut"
+    shutil.copytree(dirs[1], cut)
+    summary = json.loads((cut / "summary.json").read_text())
+    summary["status"] = "interrupted"
+    (cut / "summary.json").write_text(json.dumps(summary))
+    c = compare_runs([dirs[0], cut], only=["fast.ttft_p90_ms"])
+    md = render(c, "markdown").splitlines()
+    assert md[0] == f"| figure | {dirs[0].name} | cut [interrupted] | ratio cut [interrupted] |"
+    assert next(csv.reader(io.StringIO(render(c, "csv"))))[2] == "cut [interrupted]"
+    assert [col.header for col in rich_table(c).columns][2] == "cut [interrupted]"
+    assert json.loads(render(c, "json"))["runs"][1]["status"] == "interrupted"
+
+
 def test_html_overlays_the_cdfs_of_both_runs(dirs):
     page = html_page(compare_runs(dirs, only=["fast.*"]))
     for div in ("ttft-0", "itl-0", "ttft-1", "itl-1"):  # two user classes

@@ -103,8 +103,16 @@ def _ratio_text(ratio: float | None) -> str:
 
 
 def _header(c: Comparison) -> list[str]:
-    head = ["figure", c.labels[0]]
-    for label in c.labels[1:]:
+    """Column names; a run that did not complete carries its status (``[interrupted]``,
+    ``[failed]``) wherever its label stands, so that its partial figures are not read as a
+    whole run's."""
+    labels = [
+        label if (status := r.summary.get("status", "complete")) == "complete"
+        else f"{label} [{status}]"
+        for label, r in zip(c.labels, c.runs, strict=True)
+    ]  # fmt: skip
+    head = ["figure", labels[0]]
+    for label in labels[1:]:
         head += [label, f"ratio {label}"]
     return head
 
@@ -118,8 +126,9 @@ def _cells(row: FigureRow, number: Any = fmt_number, ratio: Any = _ratio_text) -
 
 def rich_table(c: Comparison) -> Table:
     """The comparison as a rich table; ratios are against the first run."""
-    table = Table(title=f"figures, ratios against {c.labels[0]}", title_justify="left")
-    for i, col in enumerate(_header(c)):
+    head = _header(c)
+    table = Table(title=f"figures, ratios against {head[1]}", title_justify="left")
+    for i, col in enumerate(head):
         table.add_column(col, justify="left" if i == 0 else "right")
     for row in c.rows:
         table.add_row(*_cells(row))
