@@ -70,7 +70,7 @@ def serve_egress(ctx: typer.Context) -> None:
     --upstream http://127.0.0.1:8000 --listen 127.0.0.1:8080 --stall-timeout-s 2.5)."""
     from harness._egress import main as egress_main
 
-    raise typer.Exit(egress_main(ctx.args))
+    raise typer.Exit(egress_main(ctx.args, prog="zerowindow serve egress"))
 
 
 NetnsOption = Annotated[

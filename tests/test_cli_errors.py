@@ -22,6 +22,10 @@ from harness.cli import app
         (["compare", "{tmp}/a", "{tmp}/b", "--format", "yaml"], "--format 'yaml': one of"),
         (["model", "tiny", "/proc/zw-cannot-write"], "cannot write the tiny model"),
         (
+            ["serve", "egress", "--upstream", "nonsense"],
+            "zerowindow serve egress: error: --upstream",
+        ),
+        (
             # TEST-NET-1 (RFC 5737): no local address; binding fails, nothing is sent
             ["run", "scenarios/sim-coupled.toml", "--workers", "1", "--master-bind", "192.0.2.1"],
             "cannot listen on '192.0.2.1'",

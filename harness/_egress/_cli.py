@@ -56,11 +56,11 @@ def _address(text: str) -> tuple[str, int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m harness._egress") -> argparse.ArgumentParser:
     """An argparse parser: --upstream, --listen, --metrics-listen, --log-level, and one
-    option per other ``EgressConfig`` field."""
+    option per other ``EgressConfig`` field; ``prog`` names the command in usage and errors."""
     parser = argparse.ArgumentParser(
-        prog="python -m harness._egress",
+        prog=prog,
         description="zerowindow egress buffer: a streaming reverse proxy that buffers in host "
         "memory and resets stalled clients",
     )
@@ -114,9 +114,10 @@ def _option_error(error: Any) -> str:
     return f"{option}: {message}"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Parse ``argv``, validate the config and serve until a signal; the exit status."""
-    parser = build_parser()
+def main(argv: Sequence[str] | None = None, *, prog: str = "python -m harness._egress") -> int:
+    """Parse ``argv``, validate the config and serve until a signal; the exit status.
+    ``prog``: the command's name in usage and error lines."""
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     try:
         config = config_from_args(args)
