@@ -85,17 +85,26 @@ def netem_clean(
     ),
     run_id: Annotated[str | None, typer.Option(help="only this run's resources")] = None,
     force: Annotated[bool, typer.Option(help="also runs whose process still runs")] = False,
+    unrecorded: Annotated[
+        bool,
+        typer.Option(
+            help="also zw- resources no state file in --results accounts for (another job's?)"
+        ),
+    ] = False,
 ) -> None:
     """Remove what killed runs left: zw- namespaces, links, qdiscs, nftables tables, delay
-    lines and processes (from the runs' state files and by the zw- prefix)."""
+    lines and processes (those their state files name, and those named after those runs);
+    with --run-id, that run's; with --unrecorded, also zw- resources of no recorded run."""
     from netem import clean
 
     with setup_errors("cannot clean"):
-        report = clean(results=results, run_id=run_id, force=force)
+        report = clean(results=results, run_id=run_id, force=force, unrecorded=unrecorded)
     for item in report.removed:
         typer.echo(f"removed {item}")
     for rid in report.skipped_live_runs:
         typer.echo(f"left alone: run {rid} is still running (--force to clean it)")
+    for item in report.skipped_unrecorded:
+        typer.echo(f"left alone: {item}: no run in {results} recorded it (--unrecorded)")
     if not report.removed:
         typer.echo("nothing to clean")
 

@@ -38,6 +38,8 @@ class CleanReport:
     removed: list[str] = field(default_factory=list)
     skipped_live_runs: list[str] = field(default_factory=list)
     state_files: list[str] = field(default_factory=list)
+    skipped_unrecorded: list[str] = field(default_factory=list)
+    """``zw-`` resources no state file accounts for, left alone (``unrecorded=False``)."""
 
 
 def run_id_of(name: str) -> str | None:
@@ -140,14 +142,21 @@ def _mark_cleaned(path: Path, state: dict[str, Any]) -> None:
 
 
 def clean(
-    *, results: Path | None = Path("results"), run_id: str | None = None, force: bool = False
+    *,
+    results: Path | None = Path("results"),
+    run_id: str | None = None,
+    force: bool = False,
+    unrecorded: bool = False,
 ) -> CleanReport:
-    """Remove what dead runs left: everything their state files name, then every ``zw-``
-    namespace, root-namespace interface and nftables table that belongs to no live run.
+    """Remove what dead runs left: everything their state files name, then the ``zw-``
+    namespaces, root-namespace interfaces and nftables tables named after those runs.
 
-    ``run_id`` limits the work to that run's resources. ``force`` also cleans runs whose
-    owner still runs. Raises :class:`~netem._netns.NetemPermissionError` without
-    CAP_NET_ADMIN.
+    ``run_id`` limits the work to that run's resources (found by its name whether or not a
+    state file records the run). ``force`` also cleans runs whose owner still runs.
+    ``unrecorded`` also removes ``zw-`` resources that no state file accounts for (a run
+    whose state file is lost, or one of another job on this machine, with its own results
+    folder: hence not by default); without it they are listed in ``skipped_unrecorded``.
+    Raises :class:`~netem._netns.NetemPermissionError` without CAP_NET_ADMIN.
     """
     require_net_admin("zerowindow netem clean")
     report = CleanReport()
@@ -180,7 +189,12 @@ def clean(
         rid = run_id_of(name)
         if not name.startswith(PREFIX) or (rid is not None and rid in live):
             return False
-        return run_id is None or rid == run_id
+        if run_id is not None:
+            return rid == run_id
+        if rid in done or unrecorded:
+            return True
+        report.skipped_unrecorded.append(name)
+        return False
 
     # By prefix: what no state file named (or a state file that was lost).
     for name in list_netns():
@@ -196,10 +210,13 @@ def clean(
                     continue  # gone with its veth peer
                 report.removed.append(f"link {name}")
     # Delay lines and host-side shaping named by a shaping tag (zw-<hash>) rather than a run
-    # id: removed unless a live run recorded them, and only in a sweep of all runs.
+    # id: what a dead run's state file named went with it above; the rest is unrecorded.
     if run_id is None:
         for kind, name, netns in leftovers(PREFIX, namespaces=[None]):
             if name in live_names:
+                continue
+            if not unrecorded:
+                report.skipped_unrecorded.append(f"{kind} {name}")
                 continue
             try:
                 if remove_resource(kind, name, netns):
@@ -207,7 +224,11 @@ def clean(
             except (NetnsError, OSError):
                 pass
         for pid, tag in delay_line_processes(PREFIX):
-            if tag not in live_names and kill_delay_line(pid, tag):
+            if tag in live_names:
+                continue
+            if not unrecorded:
+                report.skipped_unrecorded.append(f"delay line {pid} ({tag})")
+            elif kill_delay_line(pid, tag):
                 report.removed.append(f"delay line {pid} ({tag})")
     for family, name in _nft_tables():
         if wanted(name) and _delete_nft_table(family, name):

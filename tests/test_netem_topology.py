@@ -142,6 +142,21 @@ def test_clean_finds_leftovers_by_prefix_and_kills_their_processes(state_dir: Pa
 
 
 @needs_net_admin
+def test_clean_leaves_unrecorded_namespaces_alone_unless_asked(state_dir: Path):
+    run_id = os.urandom(3).hex()  # a run no state file in state_dir knows: another job's?
+    ns = f"zw-{run_id}-g0"
+    create_netns(ns)
+    try:
+        report = clean(results=state_dir)
+        assert ns in report.skipped_unrecorded and ns in list_netns()
+        assert not any(ns in r for r in report.removed)
+        report = clean(results=state_dir, unrecorded=True)
+        assert any(ns in r for r in report.removed) and ns not in list_netns()
+    finally:
+        clean(results=None, run_id=run_id)
+
+
+@needs_net_admin
 def test_clean_leaves_a_live_run_alone(state_dir: Path):
     run_id = os.urandom(3).hex()
     state = NetemState(state_dir, run_id)  # owned by this (live) test process
