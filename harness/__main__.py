@@ -1,5 +1,5 @@
 """``python -m harness`` is ``zerowindow``."""
 
-from harness.cli import main
+from harness._entry import main
 
 main()

@@ -16,6 +16,8 @@ from typing import Any
 
 import psutil
 
+from tests.conftest import REPO, ZEROWINDOW
+
 SCENARIO = """
 name = "load-death"
 max_duration_s = 60
@@ -103,3 +105,19 @@ def test_a_hang_up_stops_the_run_and_everything_it_started(tmp_path: Path):
     assert run.returncode == 130, output
     assert info["status"] == "interrupted" and "SIGHUP" in info["failure"]
     assert children and not [c for c in children if c.is_running() and c.status() != "zombie"]
+
+
+def test_ctrl_c_while_the_command_starts_is_exit_130_without_a_traceback(tmp_path: Path):
+    """SIGINT 0.1 s after start lands while Python imports the CLI here (about 0.9 s); on a
+    machine quick enough to be past the imports the run's own handler answers the same."""
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(SCENARIO)
+    argv = [*ZEROWINDOW, "run", str(scenario), "--out", str(tmp_path)]
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO
+    )
+    time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
