@@ -16,8 +16,14 @@ def url_target(scenario: Scenario, url: str) -> UrlTargetConfig:
     """The scenario's target replaced by the server at ``url``. Raises :class:`ScenarioError`
     if ``url`` is not an http(s) URL."""
     try:
+        target = scenario.target  # a url target's own readiness and timeout still apply
+        same = (
+            target.model_dump(include={"readiness", "startup_timeout_s"})
+            if isinstance(target, UrlTargetConfig)
+            else {}
+        )
         return UrlTargetConfig(
-            kind="url", url=url, served_model_name=scenario.target.served_model_name
+            kind="url", url=url, served_model_name=target.served_model_name, **same
         )
     except ValidationError as exc:
         reason = exc.errors()[0]["msg"].removeprefix("Value error, ")

@@ -29,6 +29,7 @@ from harness.servers._health import free_port, wait_healthy
 from harness.servers._nginx import NGINX_PRESETS, NginxProxyConfig, render_nginx_conf
 from harness.servers._none import NoProxyConfig
 from harness.servers._process import ServerProcess
+from harness.servers._readiness import READINESS, Readiness
 from harness.servers._sim import SimTargetConfig
 from harness.servers._url import UrlTargetConfig
 from harness.servers._vllm import VllmTargetConfig
@@ -36,6 +37,7 @@ from harness.servers._vllm import VllmTargetConfig
 __all__ = [
     "NGINX_PRESETS",
     "PROXIES",
+    "READINESS",
     "TARGETS",
     "EgressProxyConfig",
     "EnvoyProxyConfig",
@@ -45,6 +47,7 @@ __all__ = [
     "Proxy",
     "ProxyConfig",
     "ProxyConfigBase",
+    "Readiness",
     "Server",
     "ServerProcess",
     "SimTargetConfig",

@@ -10,17 +10,25 @@ from pydantic import Field, field_validator
 
 from harness._engine_probe import STATUS_FILE, read_status
 from harness.servers._base import TARGETS, Target, TargetConfigBase
-from harness.servers._health import TargetError, wait_healthy
+from harness.servers._health import TargetError
+from harness.servers._readiness import AutoReadiness, ReadinessConfig, wait_ready
 
 
 @TARGETS.register
 class UrlTargetConfig(TargetConfigBase):
-    """Attach to a server that is already running at ``url`` (scheme, host, port)."""
+    """Attach to a server that is already running at ``url`` (scheme, host, port), once it is
+    ready by ``readiness`` (``harness.servers._readiness``: ``auto``, ``http``, ``completion``,
+    ``none``) within ``startup_timeout_s``."""
 
     kind: Literal["url"] = "url"
     url: str
     served_model_name: str
     startup_timeout_s: float = Field(30.0, gt=0)
+    readiness: ReadinessConfig = Field(
+        default_factory=AutoReadiness,
+        description="what must answer before the load starts: auto (GET /health 200, else "
+        "GET /v1/models 200), http (path, statuses), completion (one token), none",
+    )
     engine_dir: str | None = Field(
         None,
         description="the folder where that server's engine writes its own tables: the "
@@ -57,18 +65,24 @@ class UrlTarget(Target):
         self.base_url = config.url
         self.served_model_name = config.served_model_name
         self.engine_dir = Path(config.engine_dir) if config.engine_dir else None
+        self.readiness_result: str | None = None  # what answered, once started
 
     def engine_probe(self) -> dict[str, Any]:
         facts = super().engine_probe()
         return facts if self.engine_dir is None else {**facts, "dir": str(self.engine_dir)}
 
     def start(self, run_dir: Path) -> None:
-        """Wait until the server answers; with ``engine_dir``, check that its engine writes
-        its tables there. Raises :class:`~zwcore.TargetError`."""
+        """Wait until the server is ready (``readiness``); with ``engine_dir``, check that its
+        engine writes its tables there. Raises :class:`~zwcore.TargetError`."""
         where = f"[target] engine_dir {self.engine_dir}"
         if self.engine_dir is not None and not self.engine_dir.is_dir():
             raise TargetError(f"{where}: no such folder")
-        wait_healthy(self.base_url, timeout_s=self.config.startup_timeout_s)
+        self.readiness_result = wait_ready(
+            self.config.readiness,
+            self.base_url,
+            model=self.served_model_name,
+            timeout_s=self.config.startup_timeout_s,
+        )
         if self.engine_dir is not None and not read_status(self.engine_dir):
             raise TargetError(
                 f"{where} holds no {STATUS_FILE}: is the server's engine running with the "
@@ -82,4 +96,5 @@ class UrlTarget(Target):
         return None
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "base_url": self.base_url}
+        readiness = {**self.config.readiness.model_dump(), "result": self.readiness_result}
+        return {"kind": self.kind, "base_url": self.base_url, "readiness": readiness}
