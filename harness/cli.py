@@ -245,6 +245,32 @@ def compare(
         typer.echo(f"HTML comparison written to {html}", err=fmt != "table")
 
 
+@app.command()
+def schema(
+    markdown: Annotated[
+        bool, typer.Option("--markdown", help="the reference docs/scenarios.md instead")
+    ] = False,
+    plugins: Annotated[
+        list[str] | None,
+        typer.Option("--plugin", help="a scenario plugin whose kinds to include (repeatable)"),
+    ] = None,
+) -> None:
+    """Print the JSON Schema of a scenario file (for editors: taplo, Even Better TOML), or with
+    --markdown the reference of every table and field (docs/scenarios.md)."""
+    import json
+
+    from harness.scenario import scenario_json_schema, scenario_reference
+    from zwcore import load_plugins
+
+    specs = [str(Path(p).resolve()) if p.endswith(".py") else p for p in plugins or []]
+    with setup_errors("cannot load the plugins"):
+        load_plugins(specs)
+    if markdown:
+        typer.echo(scenario_reference(), nl=False)
+    else:
+        typer.echo(json.dumps(scenario_json_schema(), indent=2))
+
+
 def _run_comparison(config: Scenario, path: Path, out: Path, target_url: str | None) -> None:
     with setup_errors(_RUN_TITLES, scenario=path):
         result = run_comparison(config, scenario_path=path, out_root=out, target_url=target_url)

@@ -14,7 +14,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel, PlainSerializer, ValidationError, WrapValidator
+from pydantic import (
+    BaseModel,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
+    PlainSerializer,
+    ValidationError,
+    WrapValidator,
+)
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from zwcore._errors import ZerowindowError
@@ -35,12 +42,14 @@ class Registry(Generic[M]):
     def __init__(self, what: str) -> None:
         self.what = what
         self._by_kind: dict[str, type[M]] = {}
-        self.validator = WrapValidator(self._validate)
+        self.validator = _KindField(self)
         """Pydantic metadata for a field of this family: ``Annotated[Base, REG.validator,
         REG.serializer]`` validates a mapping by its ``kind`` against the models registered
         at validation time (a kind registered after the field's model was defined is
         accepted), and reports a bad field at its own location inside the field
-        (``target.port``, as a discriminated union would; see :func:`relocated_errors`)."""
+        (``target.port``, as a discriminated union would; see :func:`relocated_errors`). Its
+        JSON Schema is one of the models registered when the schema is made, told apart by
+        ``kind``."""
         self.serializer = PlainSerializer(_dump, return_type=dict)
         """Pydantic metadata that serializes the field as the model's own fields."""
 
@@ -108,6 +117,30 @@ class Registry(Generic[M]):
             raise PydanticCustomError("union_tag_invalid", str(exc)) from None
         except ValidationError as exc:
             raise _Relocated(exc) from None
+
+
+class _KindField:
+    """The metadata behind ``Registry.validator``: validation by ``kind`` (a pydantic
+    ``WrapValidator``) and a JSON Schema that is ``oneOf`` the registered models."""
+
+    def __init__(self, registry: Registry[Any]) -> None:
+        self._registry = registry
+        self._wrap = WrapValidator(registry._validate)
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> Any:
+        return self._wrap.__get_pydantic_core_schema__(source, handler)
+
+    def __get_pydantic_json_schema__(
+        self, core_schema: Any, handler: GetJsonSchemaHandler
+    ) -> dict[str, Any]:
+        models = [
+            m for m in self._registry.models() if isinstance(m, type) and issubclass(m, BaseModel)
+        ]
+        return {
+            "oneOf": [handler(m.__pydantic_core_schema__) for m in models],
+            "description": f"a {self._registry.what}, chosen by its `kind`: "
+            + ", ".join(self._registry.kinds()),
+        }
 
 
 def kind_of(cls: type) -> Any:

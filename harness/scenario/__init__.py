@@ -19,6 +19,7 @@ from harness.scenario._models import (
     VerdictConfig,
 )
 from harness.scenario._placement import PlacementConfig
+from harness.scenario._reference import scenario_json_schema, scenario_reference
 from zwcore import ScenarioError
 
 __all__ = [
@@ -37,5 +38,7 @@ __all__ = [
     "needs_baseline",
     "parse_gate",
     "parse_scenario",
+    "scenario_json_schema",
+    "scenario_reference",
     "unknown_figures",
 ]

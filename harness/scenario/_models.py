@@ -7,6 +7,7 @@ process of identical users with one read behaviour), and collector and verdict s
 
 from __future__ import annotations
 
+import copy
 import difflib
 from typing import Annotated, Any
 
@@ -14,6 +15,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    GetJsonSchemaHandler,
     PlainSerializer,
     PlainValidator,
     ValidationError,
@@ -26,7 +28,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from harness.runfolder import figure_names
 from harness.scenario._gate_syntax import Gate, GateSyntaxError, parse_gate, unknown_figures
 from harness.scenario._placement import PlacementConfig
-from harness.servers import NoProxyConfig, ProxyConfig, TargetConfig
+from harness.servers import PROXIES, NoProxyConfig, ProxyConfig, TargetConfig
 from loadgen import UserGroupConfig
 from netem import BACKENDS
 from zwcore import load_plugins
@@ -63,6 +65,9 @@ class VerdictConfig(_Strict):
     )
 
 
+_PROXY_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+
+
 class NamedProxyConfig(_Strict):
     """One entry of a scenario's ``proxies``: a proxy configuration and its ``name`` (the name
     of its run folder and of its row in the comparison; default: the kind). In TOML the name
@@ -72,8 +77,24 @@ class NamedProxyConfig(_Strict):
                    { name = "nginx-buffered", kind = "nginx", buffering = true }]
     """
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)
+    name: str = Field(pattern=_PROXY_NAME, max_length=64)
     proxy: ProxyConfig
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, core_schema: Any, handler: GetJsonSchemaHandler
+    ) -> dict[str, Any]:
+        """The entry as the file holds it: a proxy kind's fields with ``name`` beside them."""
+        variants = []
+        for model in PROXIES.models():
+            schema = handler(model.__pydantic_core_schema__)
+            variant = copy.deepcopy(handler.resolve_ref_schema(schema))
+            variant.setdefault("properties", {})["name"] = {
+                "type": "string", "pattern": _PROXY_NAME, "maxLength": 64,
+                "description": "its run folder's and its comparison row's name; default: the kind",
+            }  # fmt: skip
+            variants.append(variant)
+        return {"oneOf": variants, "description": "a proxy configuration and its name"}
 
     @model_validator(mode="before")
     @classmethod
