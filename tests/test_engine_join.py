@@ -52,7 +52,7 @@ def _frames(clients: list[dict], engine_rows: list[dict]):
     return requests, chunks, engine
 
 
-def _engine(rid: str, *, end: float, freed: float, tokens: int) -> dict:
+def _engine(rid: str, *, end: float, freed: float, tokens: int, blocks: int = 4) -> dict:
     return {
         "engine_request_id": f"cmpl-{rid}-0-deadbeef",
         "t_arrival": 0.0,
@@ -64,6 +64,8 @@ def _engine(rid: str, *, end: float, freed: float, tokens: int) -> dict:
         "output_tokens": tokens,
         "preempted_at": [0.5],
         "resumed_at": [0.6],
+        "kv_blocks_peak": blocks,
+        "kv_blocks_freed": blocks,
     }
 
 
@@ -104,6 +106,24 @@ def test_kv_freed_only_after_delivery_is_held_with_its_span_and_usage():
     assert verdict["kv_held_s"] == pytest.approx(4.0)
     assert verdict["kv_held_peak_perc"] == pytest.approx(50.0)
     assert verdict["kv_seconds"] == pytest.approx(0.5 * 2.0 + 0.25 * 2.0)
+    assert verdict["kv_held_peak_of"] == "usage"  # the pool's size unknown
+
+
+def test_the_held_peak_is_the_held_requests_own_blocks_not_the_victims():
+    clients = [
+        _client(r, outcome="complete", last=5.0, tokens_at=[0.1, 0.2, 5.0]) for r in ("a", "b")
+    ]
+    engine = [
+        _engine("a", end=1.0, freed=5.0, tokens=3, blocks=10),
+        _engine("b", end=2.0, freed=4.0, tokens=3, blocks=6),
+    ]
+    joined, _ = join_engine(*_frames(clients, engine))
+    # victims fill the rest of the 64 blocks meanwhile: usage 100 %
+    steps = pd.DataFrame({"t": [0.5, 1.0, 3.0], "kv_cache_usage": [0.2, 0.5, 1.0]})
+    verdict = kv_held_from_requests(joined, steps, held_min_ms=100, unjoined=0, kv_cache_blocks=64)
+    assert verdict["kv_held_peak_of"] == "held_blocks"
+    assert verdict["kv_held_peak_perc"] == pytest.approx(100.0 * 16 / 64)  # a and b at once
+    assert joined.set_index("request_id").loc["a", "engine_kv_blocks_freed"] == 10
 
 
 def test_fast_readers_only_are_not_observed():

@@ -94,7 +94,7 @@ def test_held_episode_spans_victims_that_flicker_in_and_out():
     )
     assert v.status == "held"
     assert v.kv_held_s == pytest.approx(5.0)
-    assert v.kv_held_peak_perc == pytest.approx(95.0)
+    assert v.kv_held_peak_perc == pytest.approx(90.0)  # the held KV, not the victim's on top
 
 
 def test_a_single_scrape_blip_right_after_generation_is_not_held():
@@ -105,3 +105,17 @@ def test_a_single_scrape_blip_right_after_generation_is_not_held():
         t_first_send=0.0,
     )
     assert v.status == "none", v
+
+
+def test_the_held_peak_excludes_victims_running_meanwhile_and_held_time_fits_the_window():
+    # generation ends at t=2 with 40 % held; a victim is admitted at t=4..5 (KV 90 %, running
+    # 1), then only the held 40 % remain until t=7
+    v = kv_held_verdict(
+        _metrics([0.9, 0.8, 0.4, 0.4, 0.9, 0.9, 0.4, 0.0, 0.0], [3, 2, 0, 0, 1, 1, 0, 0, 0]),
+        _sockets([0, 9000, 4000, 4000, 4000, 4000, 4000, 0, 0]),
+        t_first_send=0.0,
+    )
+    assert v.status == "held"
+    assert v.kv_held_peak_perc == pytest.approx(40.0)  # not the victim's 90 %
+    assert v.kv_held_s == pytest.approx(5.0)  # t=2..7, the victim's run included
+    assert v.kv_held_s <= v.window_s

@@ -142,6 +142,10 @@ action = { kind = "stop_reading", after_tokens = 8, hold_s = 12 }
     assert server.kv_cache_usage_peak_perc > 0
     steps = pd.read_parquet(run_dir / "engine_steps.parquet")
     assert steps["t"].is_monotonic_increasing and steps["kv_cache_usage"].iloc[-1] == 0
+    # The pool the usage is a fraction of: 64 blocks (VLLM_ARGS) less vLLM's null block.
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["engine_probe"]["kv_cache_blocks"] == 63
+    assert (requests["engine_kv_blocks_freed"] > 0).all()
 
 
 def test_sigterm_keeps_partial_results(vllm_server, tmp_path):

@@ -127,6 +127,7 @@ class _ProbeMixin:
             "status": "running",
             "base_class": f"{base.__module__}.{base.__qualname__}",
             "engine_version": vllm.__version__,
+            "kv_cache_blocks": self._zw_kv_cache_blocks(),
         }
         try:
             write_status(out_dir, **self._zw_facts)
@@ -137,6 +138,14 @@ class _ProbeMixin:
             self._zw_fail(exc)
             return
         atexit.register(self._zw_close)
+
+    def _zw_kv_cache_blocks(self) -> int | None:
+        """The blocks ``kv_cache_usage`` is a fraction of: the pool's, less its null block
+        (``BlockPool.get_usage`` in vllm/v1/core/block_pool.py); None where vLLM lacks them."""
+        try:
+            return int(self.kv_cache_manager.block_pool.num_gpu_blocks) - 1  # type: ignore[attr-defined]
+        except (AttributeError, TypeError, ValueError):
+            return None
 
     # -- failure, cost and end ------------------------------------------------------------
 

@@ -89,7 +89,11 @@ class SimEngine:
         self.config = config
         self.scheduler = Scheduler(config)
         self.metrics = SimMetrics(model_name=config.served_model_name)
-        self.recorder = EngineRecorder(engine_dir) if engine_dir is not None else None
+        self.recorder = (
+            EngineRecorder(engine_dir, kv_cache_blocks=config.num_blocks)
+            if engine_dir is not None
+            else None
+        )
         self._streams: dict[str, RequestStream] = {}
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None

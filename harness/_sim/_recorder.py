@@ -67,11 +67,13 @@ class EngineRecorder:
     ``out_dir`` is not a writable folder.
     """
 
-    def __init__(self, out_dir: str | os.PathLike[str]) -> None:
+    def __init__(
+        self, out_dir: str | os.PathLike[str], *, kv_cache_blocks: int | None = None
+    ) -> None:
         self.out_dir = out_dir
         self._version = _version()
         write_status(out_dir, engine=ENGINE, status="running", base_class=None,
-                     engine_version=self._version)  # fmt: skip
+                     engine_version=self._version, kv_cache_blocks=kv_cache_blocks)  # fmt: skip
         self._tables: EngineTables | None = EngineTables(out_dir)
 
     @property

@@ -191,7 +191,11 @@ def analyze(run_dir: Path, facts: RunFacts | None = None) -> Analysis:
         requests = engine_aborts(requests)
         engine_steps = engine_steps.sort_values("t") if len(engine_steps) else engine_steps
         engine_verdict = kv_held_from_requests(
-            requests, engine_steps, held_min_ms=scenario.verdict.kv_held_min_ms, unjoined=unjoined
+            requests,
+            engine_steps,
+            held_min_ms=scenario.verdict.kv_held_min_ms,
+            unjoined=unjoined,
+            kv_cache_blocks=(facts.engine_probe or {}).get("kv_cache_blocks"),
         )
     t_first_send = float(requests["t_send"].min()) if len(requests) else None
     # Only the load's own connections: not the scraper's, nor anyone else's.

@@ -19,7 +19,7 @@ import pandas as pd
 ENGINE_JOIN_COLUMNS = [
     "engine_request_id", "t_engine_arrival", "t_engine_first_scheduled", "t_engine_first_token",
     "t_generation_end", "t_kv_freed", "engine_finish_reason", "engine_preemptions",
-    "delivery_lag_ms", "kv_held_after_generation_ms",
+    "engine_kv_blocks_freed", "delivery_lag_ms", "kv_held_after_generation_ms",
     "undelivered_tokens_at_generation_end", "undelivered_tokens_at_kv_free",
     "undelivered_bytes_at_generation_end", "undelivered_bytes_at_kv_free",
 ]  # fmt: skip
@@ -28,6 +28,7 @@ _RENAMED = {
     "t_first_scheduled": "t_engine_first_scheduled",
     "t_first_token": "t_engine_first_token",
     "finish_reason": "engine_finish_reason",
+    "kv_blocks_freed": "engine_kv_blocks_freed",
 }
 
 
@@ -90,7 +91,7 @@ def join_engine(
     eng = eng.rename(columns=_RENAMED).set_index("request_id")
     eng["engine_preemptions"] = eng["preempted_at"].map(lambda v: 0 if v is None else len(v))
     idx = out["request_id"]
-    for col in ENGINE_JOIN_COLUMNS[:8]:
+    for col in ENGINE_JOIN_COLUMNS[:9]:
         out[col] = idx.map(eng[col]).to_numpy() if col in eng else np.nan
     gen_end, freed = (
         out.set_index("request_id")["t_generation_end"],
@@ -153,6 +154,21 @@ def _usage_over(steps: pd.DataFrame, a: float, b: float) -> tuple[float, float]:
     return float(us.max()), float((us * np.diff(edges)).sum())
 
 
+def _held_blocks_peak(held: pd.DataFrame) -> float:
+    """The most KV blocks the held requests kept at once: each holds its
+    ``engine_kv_blocks_freed`` from its generation end to its free."""
+    blocks = held["engine_kv_blocks_freed"].astype(int)
+    holds = zip(held["t_generation_end"], held["t_kv_freed"], blocks, strict=True)
+    events = sorted(
+        (t, n) for a, b, n in holds for t, n in ((float(a), int(n)), (float(b), -int(n)))
+    )  # at the same instant a free (negative) comes before a hold
+    level = peak = 0
+    for _, n in events:
+        level += n
+        peak = max(peak, level)
+    return float(peak)
+
+
 def engine_server_figures(steps: pd.DataFrame) -> dict[str, Any]:
     """Peak KV usage (%), preemptions, peak running and waiting and the step count, from the
     engine's steps (``engine_steps.parquet``); ``{}`` when there are none. Preemptions count
@@ -174,7 +190,12 @@ def engine_server_figures(steps: pd.DataFrame) -> dict[str, Any]:
 
 
 def kv_held_from_requests(
-    joined: pd.DataFrame, steps: pd.DataFrame, *, held_min_ms: float, unjoined: int
+    joined: pd.DataFrame,
+    steps: pd.DataFrame,
+    *,
+    held_min_ms: float,
+    unjoined: int,
+    kv_cache_blocks: int | None = None,
 ) -> dict[str, Any]:
     """The KV-held verdict from per-request evidence (``joined``: :func:`join_engine`'s
     frame).
@@ -186,9 +207,13 @@ def kv_held_from_requests(
     did; ``none`` if some request's KV was freed while its client still lacked output (the
     engine did not wait for delivery); ``not_observed`` if no request had output undelivered
     when its generation ended. Figures: ``kv_held_s`` (the union of the held requests'
-    generation-end-to-free spans: each moment counted once), ``kv_held_peak_perc`` and
-    ``kv_seconds`` (the engine's KV usage over that union, from the steps), counts, and the
-    spread of KV-held-after-generation times.
+    generation-end-to-free spans: each moment counted once), ``kv_held_peak_perc`` (the most
+    KV the held requests kept at once, their ``kv_blocks_freed`` over ``kv_cache_blocks``, the
+    engine's pool (``engine_probe.json``): ``kv_held_peak_of = "held_blocks"``; without the
+    pool's size, the peak KV usage of the engine's steps over the union, victims admitted
+    meanwhile included: ``"usage"``), ``kv_seconds`` (the engine's KV usage integrated over the
+    union: an upper bound while victims ran), counts, and the spread of KV-held-after-
+    generation times.
     """
     done = joined[joined["t_kv_freed"].notna() & joined["t_generation_end"].notna()]
     held_ms = done["kv_held_after_generation_ms"]
@@ -207,6 +232,12 @@ def kv_held_from_requests(
         ]
     )
     usage = [_usage_over(steps, a, b) for a, b in spans]
+    if kv_cache_blocks and len(held) and held["engine_kv_blocks_freed"].notna().all():
+        peak = _held_blocks_peak(held) / kv_cache_blocks  # the held requests' own blocks
+        peak_of = "held_blocks"
+    else:  # everything in use during the spans, victims admitted meanwhile included
+        peak = max((p for p, _ in usage), default=0.0)
+        peak_of = "usage"
     status = "held" if len(held) else ("none" if len(lacking_at_free) else "not_observed")
     return {
         "status": status,
@@ -221,7 +252,8 @@ def kv_held_from_requests(
         "kv_held_after_generation_p50_ms": float(held_ms.median()) if len(held_ms) else None,
         "held_min_ms": held_min_ms,
         "kv_held_s": float(sum(b - a for a, b in spans)),
-        "kv_held_peak_perc": max((p for p, _ in usage), default=0.0) * 100.0,
+        "kv_held_peak_perc": peak * 100.0,
+        "kv_held_peak_of": peak_of,
         "kv_seconds": float(sum(s for _, s in usage)),
         "engine_requests_unjoined": unjoined,
     }

@@ -89,7 +89,10 @@ def kv_held_verdict(
     again: on a coupled
     engine, victims admitted into the few free blocks run, get preempted and wait in turn, so
     "running" flickers while the hostage KV stays. ``kv_seconds`` integrates the whole KV usage
-    over those episodes, an upper bound when victims run meanwhile.
+    over those episodes, an upper bound when victims run meanwhile; ``kv_held_peak_perc`` is
+    the peak over the episodes' scrapes after generation (the held KV without the victims');
+    ``window_s`` is the time after generation with bytes in Send-Q, held episodes included,
+    so ``kv_held_s`` never exceeds it.
     """
     empty = KvHeldVerdict("not_observed", 0.0, 0.0, 0.0, 0.0, 0, None)
     needed = {"kv_cache_usage", "num_requests_running"}
@@ -119,12 +122,14 @@ def kv_held_verdict(
     held = _held_episodes(proof, (joined["send_q_bytes"] > 0).to_numpy() & (usage > 0))
     if held.any():
         held |= np.concatenate((proof[1:], [False]))  # the episode began one scrape earlier
-    window_s = float(dt[window].sum())
+    # The held time can run on while victims run again: the window holds it too.
+    window_s = float(dt[window | held].sum())
     verdict = KvHeldVerdict(
         status="held" if held.any() else "none",
         window_s=window_s,
         kv_held_s=float(dt[held].sum()),
-        kv_held_peak_perc=float(np.max(usage[held], initial=0.0) * 100.0),
+        # while nothing runs (or past the bound): not the KV of victims admitted meanwhile
+        kv_held_peak_perc=float(np.max(usage[held & window], initial=0.0) * 100.0),
         kv_seconds=float((usage * dt)[held].sum()),
         undelivered_peak_bytes=int(joined.loc[after, "send_q_bytes"].max()),
         t_generation_end=t_end,
