@@ -135,16 +135,22 @@ def netem_show(
 
 @netem_app.command("apply")
 def netem_apply(
-    profile: Annotated[str, typer.Argument(help="preset name (lte, 3g, edge, ...)")],
+    profile: Annotated[
+        str,
+        typer.Argument(
+            help="a preset (lte, 3g, edge, ...), a TOML file with one profile table (down, "
+            "up, preset), or SCENARIO.toml:NAME for one of its [netem.profiles]"
+        ),
+    ],
     ifname: Annotated[str, typer.Option(help="a zw- interface (the client-side end)")],
     netns: NetnsOption = None,
     backend: Annotated[str, typer.Option(help="auto, netem or fallback")] = "auto",
 ) -> None:
     """Shape IFNAME with PROFILE until Ctrl-C (up on its egress, down on its ingress)."""
-    from netem import apply_and_hold, preset
+    from netem import apply_and_hold, profile_argument
 
     with setup_errors(f"cannot shape {ifname}"):
-        link = preset(profile)
+        link = profile_argument(profile)
         errors = apply_and_hold(
             link,
             netns=netns,

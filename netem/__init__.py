@@ -20,7 +20,12 @@ from netem._errors import (
     ShapingUnsupported,
     UnknownPreset,
 )
-from netem._links import check_profiles, resolve_group_profile, unknown_profile
+from netem._links import (
+    check_profiles,
+    profile_argument,
+    resolve_group_profile,
+    unknown_profile,
+)
 from netem._manual import apply_and_hold, clear_shaping, overview
 from netem._measure import LinkMeasurement, measure_link
 from netem._netns import (
@@ -93,6 +98,7 @@ __all__ = [
     "apply_and_hold",
     "apply_profile",
     "check_profiles",
+    "profile_argument",
     "unknown_profile",
     "clean",
     "clean_all",

@@ -9,11 +9,14 @@ profile the scenario defines in ``[netem.profiles.<name>]`` (a table of
 
 from __future__ import annotations
 
+import tomllib
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from netem._errors import NetemError
 from netem._profiles import PRESETS, LinkProfile, UnknownPreset
 from netem._profiles import resolve_profile as _resolve
 
@@ -68,3 +71,40 @@ def resolve_group_profile(name: str, custom: dict[str, dict[str, Any]]) -> LinkP
 # The name callers have imported it by (it is exported from ``netem`` as resolve_group_profile,
 # since ``netem.resolve_profile`` is :func:`netem._profiles.resolve_profile`).
 resolve_profile = resolve_group_profile
+
+
+def profile_argument(text: str) -> LinkProfile:
+    """The link profile a command line names: a preset (``3g``), a TOML file holding one
+    profile table (``link.toml``: ``preset``, ``down``, ``up`` as in ``[netem.profiles.X]``),
+    or a profile of a scenario's ``[netem.profiles]`` (``scenario.toml:NAME``; the name may
+    be left out when the file defines one). Raises :class:`~netem._errors.NetemError` naming
+    the file and the problem (unreadable, not TOML, no such profile, a bad field), or
+    :class:`UnknownPreset`."""
+    path_text, sep, name = text.partition(".toml:")
+    if not sep and not text.endswith(".toml"):
+        return _resolve(text)
+    path = Path(path_text + ".toml" if sep else text)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise NetemError(f"{path}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise NetemError(f"{path}: not TOML: {exc}") from None
+    profiles = (
+        data.get("netem", {}).get("profiles") if isinstance(data.get("netem"), dict) else None
+    )
+    where = str(path)
+    if isinstance(profiles, dict):
+        if not name and len(profiles) == 1:
+            name = next(iter(profiles))
+        if name not in profiles:
+            valid = ", ".join(sorted(profiles)) or "none"
+            raise NetemError(f"{path}: name a profile of [netem.profiles] as {path}:NAME ({valid})")
+        data, where = profiles[name], f"{path}: netem.profiles.{name}"
+    elif name:
+        raise NetemError(f"{path} has no [netem.profiles] table to take {name!r} from")
+    try:
+        profile = _resolve(data)
+    except ValidationError as exc:
+        raise NetemError(f"{where}: {_errors(exc)}") from None
+    return profile if profile.name else profile.model_copy(update={"name": name or path.stem})
