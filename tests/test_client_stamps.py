@@ -131,3 +131,24 @@ def test_arrival_clock_on_a_socket_read_late() -> None:
         assert clock.label == "kernel" and clock.read_lag_max_s > 0.15
         # no control message (or one out of range) falls back to the return time
         assert clock.stamp([], returned) == returned and clock.label == "mixed"
+
+
+def test_the_tables_and_the_summary_say_how_reads_were_stamped() -> None:
+    import pandas as pd
+
+    from harness.analysis._summary import summarize_group
+    from harness.analysis._tables import chunks_frame, requests_frame
+    from loadgen import RequestRecord
+
+    def record(rid: str, timestamps: str, lag_ms: float | None) -> RequestRecord:
+        rec = RequestRecord(rid, "U", "g", "none", "completions", 8, 1, 0.0, 0.0)
+        rec.timestamps, rec.read_lag_max_ms = timestamps, lag_ms
+        return rec
+
+    read_only = requests_frame([record("a", "read", None)], pd.DataFrame())
+    assert read_only["read_lag_max_ms"].dtype == float  # not an all-None object column
+    records = [record("a", "read", None), record("b", "kernel", 2.5), record("c", "mixed", 7.0)]
+    requests = requests_frame(records, pd.DataFrame())
+    summary = summarize_group("g", requests, chunks_frame(records))
+    assert summary.requests_kernel_stamped == 1
+    assert summary.read_lag_max_ms == pytest.approx(7.0)

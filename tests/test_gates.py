@@ -152,7 +152,9 @@ def test_a_gate_in_a_group_table_is_an_unknown_group_field():
     text = SCENARIO.split("[target]")[1] + 'gates = ["fast.requests >= 1"]\n'
     with pytest.raises(ScenarioError) as exc:
         parse_scenario('name = "g"\n[target]' + text, path=Path("s.toml"))
-    assert str(exc.value) == "s.toml:9: field 'groups.0.gates': Extra inputs are not permitted"
+    assert str(exc.value) == (
+        "s.toml:9: field 'groups.0.gates' (group 'fast'): Extra inputs are not permitted"
+    )
 
 
 def test_overrides_are_merged_before_validation():

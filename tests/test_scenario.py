@@ -102,8 +102,9 @@ def test_missing_field_points_at_its_group_and_union_fields_keep_their_name():
     with pytest.raises(ScenarioError) as exc:
         parse_scenario(text, path=Path("bad.toml"))
     first_group = text.splitlines().index("[[groups]]") + 1
-    assert f"bad.toml:{first_group}: field 'groups.0.requests_per_user': Field required" in str(
-        exc.value
+    assert (
+        f"bad.toml:{first_group}: field 'groups.0.requests_per_user' (group 'fast'): Field required"
+        in str(exc.value)
     )
     with pytest.raises(ScenarioError, match=r"field 'target.url': .*http://"):
         parse_scenario(GOOD.replace("http://127.0.0.1:9", "ftp://x"), path=Path("bad.toml"))

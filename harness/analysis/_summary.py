@@ -78,6 +78,10 @@ def summarize_group(name: str, requests: pd.DataFrame, chunks: pd.DataFrame) -> 
         stall_to_abort_max_ms=_maybe(to_abort.max()) if len(to_abort) else None,
         server_rwnd_limited_p50_ms=percentile(rwnd, 50),
         server_rwnd_limited_max_ms=_maybe(rwnd.max()) if len(rwnd) else None,
+        requests_kernel_stamped=(
+            int((req["timestamps"] == "kernel").sum()) if "timestamps" in req else 0
+        ),
+        read_lag_max_ms=_maybe(req["read_lag_max_ms"].max()) if "read_lag_max_ms" in req else None,
     )
 
 

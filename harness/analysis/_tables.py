@@ -105,7 +105,7 @@ def requests_frame(records: list[RequestRecord], sockets: pd.DataFrame) -> pd.Da
     frame = pd.DataFrame(
         rows, columns=[c for c in REQUEST_COLUMNS if c not in SERVER_SOCKET_FIGURES]
     )
-    for col in ("t_action", "t_stall", "t_cut_seen", "stall_to_cut_ms"):
+    for col in ("t_action", "t_stall", "t_cut_seen", "stall_to_cut_ms", "read_lag_max_ms"):
         frame[col] = frame[col].astype(float)
     figures = _server_socket_figures(frame, sockets)
     frame = frame.merge(figures, on="request_id", how="left")

@@ -49,7 +49,7 @@ def client_cells(bench: ClientBench) -> Cells:
         r = bench.ratios
         rows.append([
             "ours / vLLM", _n(r["ceiling_events_per_s"], ".2f"), _n(r["cpu_us_per_event"], ".2f"),
-            "", "", "", _n(r["itl_err_p99_ms"], ".2f"), "", "", "",
+            "", "", "", _n(r["itl_err_p99_ms"], ".3g"), "", "", "",
         ])  # fmt: skip
     return headers, rows
 

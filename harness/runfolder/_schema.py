@@ -138,6 +138,10 @@ class GroupSummary(BaseModel):
     # The kernel's time-limited-by-the-client's-receive-window per request (tcpi_rwnd_limited).
     server_rwnd_limited_p50_ms: float | None = None
     server_rwnd_limited_max_ms: float | None = None
+    # How the client stamped its reads (requests.parquet's ``timestamps``): requests whose every
+    # read carried the kernel's arrival time, and the longest a kernel-stamped read waited.
+    requests_kernel_stamped: int = 0
+    read_lag_max_ms: float | None = None
 
 
 class ServerSummary(BaseModel):

@@ -52,6 +52,17 @@ def _find_text(lines: list[str], start: int, text: str) -> int | None:
     return None
 
 
+def _group_name(text: str, loc: tuple[int | str, ...]) -> str | None:
+    """The ``name`` of the user group at ``loc`` (``groups.N...``) in the TOML ``text``."""
+    if len(loc) < 2 or loc[0] != "groups" or not isinstance(loc[1], int):
+        return None
+    try:
+        name = tomllib.loads(text)["groups"][loc[1]]["name"]
+    except (tomllib.TOMLDecodeError, KeyError, IndexError, TypeError):
+        return None
+    return name if isinstance(name, str) else None
+
+
 def _format_errors(path: Path, text: str, error: ValidationError) -> str:
     lines = text.splitlines()
     out = []
@@ -66,6 +77,9 @@ def _format_errors(path: Path, text: str, error: ValidationError) -> str:
             loc = (*loc, ctx["gate_index"])
             err["input"] = ctx["gate"]
         field = ".".join(str(p) for p in loc) or "(top level)"
+        label = f"'{field}'"
+        if (name := _group_name(text, loc)) is not None:
+            label += f" (group {name!r})"
         # A missing field is not in the text: point at the table that lacks it.
         line = _find_line(lines, loc[:-1] if err["type"] == "missing" else loc)
         if loc and isinstance(loc[-1], int) and isinstance(err.get("input"), str) and line:
@@ -79,7 +93,7 @@ def _format_errors(path: Path, text: str, error: ValidationError) -> str:
             and not isinstance(err["input"], dict | list)
         ):
             got = f" (got {err['input']!r})"
-        out.append(f"{where}: field '{field}': {err['msg']}{got}")
+        out.append(f"{where}: field {label}: {err['msg']}{got}")
     return "\n".join(out)
 
 
