@@ -26,26 +26,29 @@ def start_process(
     """Start ``argv`` in a new session (so it has its own process group) with stdout and stderr
     appended to ``log_path``, inside network namespace ``netns`` if given (through
     ``ip netns exec``, which then execs ``argv``: the pid is the program's), on the CPUs
-    ``cpus`` if given (``sched_setaffinity(2)`` right after the start, long before a server
-    forks its workers, which inherit the set; no ``preexec_fn``, which is unsafe in a process
-    with threads). Raises ``OSError`` if the program cannot be started or pinned."""
+    ``cpus`` if given: the calling thread takes the set while it starts the program, so the
+    program is born with it (a new task copies its parent thread's CPU mask, sched(7)) and
+    every process it forks inherits it; no ``preexec_fn``, which is unsafe in a process with
+    threads. (Setting the set on the pid after the start left a child forked in between on the
+    old set.) Raises ``OSError`` if the program cannot be started or pinned."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            exec_prefix(netns) + argv,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env={**os.environ, **(env or {})},
-            cwd=cwd,
-            start_new_session=True,
-        )
-    if cpus is not None:
-        try:
-            os.sched_setaffinity(proc.pid, cpus)
-        except OSError:
-            stop_process_group(proc, grace_s=1.0)
-            raise
+    own = os.sched_getaffinity(0) if cpus is not None else None
+    try:
+        if cpus is not None:
+            os.sched_setaffinity(0, cpus)  # this thread only, until the program started
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                exec_prefix(netns) + argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **(env or {})},
+                cwd=cwd,
+                start_new_session=True,
+            )
+    finally:
+        if own is not None:
+            os.sched_setaffinity(0, own)
     return proc
 
 
