@@ -305,34 +305,34 @@ class _Stream:
         one); elsewhere it is the socket timeout, set again once :data:`TIMEOUT_RESET_S` old.
         """
         sock = self.sock
+        method = "recv" if self.arrival is None else "recvmsg"  # recvmsg: the kernel's stamp
         if not type(sock).__module__.startswith("gevent."):
-            return self._read_loop(sock.recv, sock.recvmsg, reset_timeout=True, defer=None)
+            return self._read_loop(getattr(sock, method), reset_timeout=True, defer=None)
         import gevent  # already imported: it made this socket
 
         sock.settimeout(None)
         guard = gevent.Timeout(max(self.remaining_s(), 0.0), TimeoutError("request deadline"))
         guard.start()
         try:
-            recv = _WaitFirstRecv.of(sock, "recv") or sock.recv
-            recvmsg = _WaitFirstRecv.of(sock, "recvmsg") or sock.recvmsg
-            return self._read_loop(recv, recvmsg, reset_timeout=False, defer=gevent.sleep)
+            receive = _WaitFirstRecv.of(sock, method) or getattr(sock, method)
+            return self._read_loop(receive, reset_timeout=False, defer=gevent.sleep)
         finally:
             guard.close()
 
     def _read_loop(
         self,
-        recv: Callable[[int], bytes],
-        recvmsg: Callable[[int, int], tuple[bytes, list[tuple[int, int, bytes]], int, Any]],
+        receive: Callable[..., Any],
         *,
         reset_timeout: bool,
         defer: Callable[[float], None] | None,
     ) -> str:
-        """The loop of :meth:`read_loop`. With kernel arrival stamps (:attr:`arrival`) every
-        read is a ``recvmsg``, stamped on arrival until an action fires and when it returned
-        after. ``defer(0)``, when given, is called between a short read stamped when it
-        returned (the socket drained) and parsing it: under gevent it lets every other stream
-        woken by the same poll take and stamp its read first, so a burst of events (one per
-        stream per engine step) is stamped before any of it is parsed."""
+        """The loop of :meth:`read_loop`. ``receive`` is the socket's ``recv``, or with kernel
+        arrival stamps (:attr:`arrival`) its ``recvmsg``, whose reads are stamped on arrival
+        until an action fires and when they returned after. ``defer(0)``, when given, is
+        called between a short read stamped when it returned (the socket drained) and parsing
+        it: under gevent it lets every other stream woken by the same poll take and stamp its
+        read first, so a burst of events (one per stream per engine step) is stamped before any
+        of it is parsed."""
         read = self.spec.read
         bytes_per_read = read.bytes_per_read  # type: ignore[attr-defined]
         acts = self.spec.action is not None
@@ -367,10 +367,10 @@ class _Stream:
                 timeout_set_at = t
             # OSError, TimeoutError: the caller
             if arrival is None:
-                data = recv(bytes_per_read)
+                data = receive(bytes_per_read)
                 returned = t = now()
             else:
-                data, ancdata, _, _ = recvmsg(bytes_per_read, ANCILLARY_BYTES)
+                data, ancdata, _, _ = receive(bytes_per_read, ANCILLARY_BYTES)
                 returned = now()
                 if on_arrival:
                     t = arrival.stamp(ancdata, returned)
