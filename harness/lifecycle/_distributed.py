@@ -141,15 +141,12 @@ def parse_address(text: str, *, default_port: int | None = None) -> tuple[str, i
 
 def check_listen_address(host: str) -> None:
     """Raises :class:`DistributedError` unless this machine can listen on ``host`` (a local
-    address or a name resolving to one; ``*`` for every address, as Locust's
-    ``--master-bind-host`` takes it), tried by binding a socket to port 0 there and closing
-    it: so that a bad ``--master-bind`` is refused before the target starts."""
+    address or a name resolving to one; ``*`` or ``0.0.0.0`` for every address, as Locust's
+    ``--master-bind-host`` takes it), tried as the run will pick the masters' ports
+    (:func:`_free_port`): so that a bad ``--master-bind`` is refused before the target
+    starts."""
     try:
-        family, type_, proto, _, addr = socket.getaddrinfo(
-            "0.0.0.0" if host == "*" else host, 0, type=socket.SOCK_STREAM
-        )[0]
-        with socket.socket(family, type_, proto) as s:
-            s.bind(addr)
+        _free_port(host)
     except OSError as exc:
         raise DistributedError(f"cannot listen on {host!r}: {exc.strerror or exc}") from None
 
