@@ -52,19 +52,21 @@ def _find_text(lines: list[str], start: int, text: str) -> int | None:
     return None
 
 
-def _group_name(text: str, loc: tuple[int | str, ...]) -> str | None:
-    """The ``name`` of the user group at ``loc`` (``groups.N...``) in the TOML ``text``."""
-    if len(loc) < 2 or loc[0] != "groups" or not isinstance(loc[1], int):
-        return None
+def _group_names(text: str) -> list[Any]:
+    """The ``name`` of each ``[[groups]]`` entry of the TOML ``text`` (``None`` where absent);
+    ``[]`` when the text is not TOML or has no groups list."""
     try:
-        name = tomllib.loads(text)["groups"][loc[1]]["name"]
-    except (tomllib.TOMLDecodeError, KeyError, IndexError, TypeError):
-        return None
-    return name if isinstance(name, str) else None
+        groups = tomllib.loads(text).get("groups")
+    except tomllib.TOMLDecodeError:
+        return []
+    if not isinstance(groups, list):
+        return []
+    return [g.get("name") if isinstance(g, dict) else None for g in groups]
 
 
 def _format_errors(path: Path, text: str, error: ValidationError) -> str:
     lines = text.splitlines()
+    group_names = _group_names(text)
     out = []
     for err in relocated_errors(error):
         raw = err["loc"]
@@ -78,8 +80,10 @@ def _format_errors(path: Path, text: str, error: ValidationError) -> str:
             err["input"] = ctx["gate"]
         field = ".".join(str(p) for p in loc) or "(top level)"
         label = f"'{field}'"
-        if (name := _group_name(text, loc)) is not None:
-            label += f" (group {name!r})"
+        if len(loc) > 1 and loc[0] == "groups" and isinstance(loc[1], int):
+            name = group_names[loc[1]] if loc[1] < len(group_names) else None
+            if isinstance(name, str):
+                label += f" (group {name!r})"
         # A missing field is not in the text: point at the table that lacks it.
         line = _find_line(lines, loc[:-1] if err["type"] == "missing" else loc)
         if loc and isinstance(loc[-1], int) and isinstance(err.get("input"), str) and line:
