@@ -11,6 +11,7 @@ raises an error that lists the valid ones.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Any, Generic, TypeVar
 
@@ -77,6 +78,19 @@ class Registry(Generic[M]):
         """The registered models, by kind."""
         return [self._by_kind[k] for k in self.kinds()]
 
+    def json_schema_variants(self, handler: GetJsonSchemaHandler) -> list[dict[str, Any]]:
+        """The JSON Schema of each registered model, as its own copy, with ``kind`` required
+        (a table without it is none of them: the validator asks for it too)."""
+        variants = []
+        for model in self.models():
+            if not (isinstance(model, type) and issubclass(model, BaseModel)):
+                continue
+            schema = handler(model.__pydantic_core_schema__)
+            variant = copy.deepcopy(handler.resolve_ref_schema(schema))
+            variant["required"] = ["kind", *(r for r in variant.get("required", []) if r != "kind")]
+            variants.append(variant)
+        return variants
+
     def get(self, kind: str) -> type[M]:
         """The model registered under ``kind``; raises :class:`UnknownKindError` otherwise."""
         try:
@@ -133,11 +147,8 @@ class _KindField:
     def __get_pydantic_json_schema__(
         self, core_schema: Any, handler: GetJsonSchemaHandler
     ) -> dict[str, Any]:
-        models = [
-            m for m in self._registry.models() if isinstance(m, type) and issubclass(m, BaseModel)
-        ]
         return {
-            "oneOf": [handler(m.__pydantic_core_schema__) for m in models],
+            "oneOf": self._registry.json_schema_variants(handler),
             "description": f"a {self._registry.what}, chosen by its `kind`: "
             + ", ".join(self._registry.kinds()),
         }

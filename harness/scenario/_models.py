@@ -7,7 +7,6 @@ process of identical users with one read behaviour), and collector and verdict s
 
 from __future__ import annotations
 
-import copy
 import difflib
 from typing import Annotated, Any
 
@@ -85,15 +84,12 @@ class NamedProxyConfig(_Strict):
         cls, core_schema: Any, handler: GetJsonSchemaHandler
     ) -> dict[str, Any]:
         """The entry as the file holds it: a proxy kind's fields with ``name`` beside them."""
-        variants = []
-        for model in PROXIES.models():
-            schema = handler(model.__pydantic_core_schema__)
-            variant = copy.deepcopy(handler.resolve_ref_schema(schema))
+        variants = PROXIES.json_schema_variants(handler)
+        for variant in variants:
             variant.setdefault("properties", {})["name"] = {
                 "type": "string", "pattern": _PROXY_NAME, "maxLength": 64,
                 "description": "its run folder's and its comparison row's name; default: the kind",
             }  # fmt: skip
-            variants.append(variant)
         return {"oneOf": variants, "description": "a proxy configuration and its name"}
 
     @model_validator(mode="before")

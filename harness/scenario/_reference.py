@@ -27,27 +27,9 @@ _OR = " \\| "  # "or" in a Markdown table cell
 
 def scenario_json_schema() -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of a scenario file: every table and field, each kind of
-    a pluggable part as one of ``oneOf`` with its ``kind`` required."""
-    schema = Scenario.model_json_schema()
-    _require_kind(schema)
-    return {"$schema": SCHEMA_DIALECT, **schema}
-
-
-def _require_kind(node: Any) -> None:
-    """A variant of a ``oneOf`` with a constant ``kind`` must name it: a table that leaves
-    ``kind`` out is not any of them (the validator asks for it too)."""
-    if isinstance(node, dict):
-        for variant in node.get("oneOf", []):
-            kind = (
-                variant.get("properties", {}).get("kind", {}) if isinstance(variant, dict) else {}
-            )
-            if "const" in kind and "kind" not in variant.get("required", []):
-                variant["required"] = ["kind", *variant.get("required", [])]
-        for value in node.values():
-            _require_kind(value)
-    elif isinstance(node, list):
-        for value in node:
-            _require_kind(value)
+    a pluggable part as one of ``oneOf`` with its ``kind`` required
+    (``zwcore.Registry.json_schema_variants``)."""
+    return {"$schema": SCHEMA_DIALECT, **Scenario.model_json_schema()}
 
 
 def _field_annotation(info: FieldInfo) -> Any:
