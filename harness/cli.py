@@ -115,13 +115,7 @@ def run(
             check_listen_address(host)
             distribution = Distribution(workers, remote_workers, host, port)
     if config.proxies:
-        if distribution is not None:
-            fail(
-                "invalid argument",
-                "--workers/--remote-workers do not apply to a scenario with proxies = [...] yet",
-                scenario=scenario,
-            )
-        _run_comparison(config, scenario, out, target_url)
+        _run_comparison(config, scenario, out, target_url, distribution)
     with setup_errors(_RUN_TITLES, scenario=scenario):
         result = run_scenario(
             config,
@@ -271,9 +265,21 @@ def schema(
         typer.echo(json.dumps(scenario_json_schema(), indent=2))
 
 
-def _run_comparison(config: Scenario, path: Path, out: Path, target_url: str | None) -> None:
+def _run_comparison(
+    config: Scenario,
+    path: Path,
+    out: Path,
+    target_url: str | None,
+    distribution: Distribution | None,
+) -> None:
     with setup_errors(_RUN_TITLES, scenario=path):
-        result = run_comparison(config, scenario_path=path, out_root=out, target_url=target_url)
+        result = run_comparison(
+            config,
+            scenario_path=path,
+            out_root=out,
+            target_url=target_url,
+            distribution=distribution,
+        )
     if result.comparison is not None:
         print_comparison(result.comparison, title=config.name)
     for name, run in result.runs.items():

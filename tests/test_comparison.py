@@ -380,3 +380,28 @@ def test_an_abort_is_never_dated_before_a_scrape_gap() -> None:
     ])  # fmt: skip
     requests = requests_frame(records, pd.DataFrame())
     assert abort_times(metrics, requests["t_send"]) == [5.0]
+
+
+def test_nginx_temp_files_are_counted_while_open_after_unlink(tmp_path: Path) -> None:
+    """nginx unlinks a temporary file as soon as it has opened it; its bytes still count."""
+    import os
+
+    from harness.collectors._proxy_probe import dir_bytes
+
+    temp = tmp_path / "proxy_temp" / "1"
+    temp.mkdir(parents=True)
+    (temp / "kept").write_bytes(b"k" * 1000)
+    with open(temp / "0000000001", "wb") as f:
+        os.unlink(temp / "0000000001")
+        f.write(b"x" * 5000)
+        f.flush()
+        assert dir_bytes(tmp_path / "proxy_temp") == 1000  # the folder alone misses it
+        assert dir_bytes(tmp_path / "proxy_temp", [os.getpid()]) == 6000
+        assert dir_bytes(tmp_path / "nowhere", [os.getpid()]) == 0
+
+
+def test_free_port_for_an_address_of_a_namespace_not_made_yet() -> None:
+    from harness.servers._health import free_port
+
+    # 198.19.0.0/16 (RFC 2544) is the runs' host-link range: not on this host's interfaces.
+    assert 0 < free_port("198.19.255.253") < 65536

@@ -224,6 +224,17 @@ def test_distribution_settings_are_checked() -> None:
     assert Distribution(workers=1).for_group(3)["master_bind"] == ("127.0.0.1", 0)
     with pytest.raises(ValueError, match="invalid worker name"):
         group_file("/tmp", "records", "g", "a/b")
+    # Shaped links: masters and workers run in the groups' namespaces, on their loopback.
+    Distribution(workers=2).check_in_namespaces()
+    Distribution(workers=2, master_host="0.0.0.0").check_in_namespaces()
+    with pytest.raises(DistributedError, match="workers on other machines cannot reach"):
+        Distribution(workers=1, remote_workers=1).check_in_namespaces()
+    with pytest.raises(DistributedError, match="--master-bind 10.1.2.3: with network profiles"):
+        Distribution(workers=1, master_host="10.1.2.3").check_in_namespaces()
+    # A comparison starts masters of its own for each configuration.
+    Distribution(workers=2).check_for_comparison()
+    with pytest.raises(DistributedError, match="quit with their master"):
+        Distribution(workers=0, remote_workers=1).check_for_comparison()
 
 
 def test_cli_rejects_bad_worker_options(tmp_path: Path) -> None:

@@ -1,8 +1,10 @@
-"""The issue's check on the tiny vLLM: scenarios/shaped-links.toml, fast readers on their own
-unshaped link and slow readers behind 3G with a 4 KiB receive buffer.
+"""Shaped links on the tiny vLLM: scenarios/shaped-links.toml (one run: fast readers on their
+own unshaped link, slow readers behind 3G with a 4 KiB receive buffer) and
+scenarios/proxy-comparison-3g.toml (the same kind of groups through none, nginx and egress,
+with two Locust workers per group).
 
-vLLM is started by the run inside the server's network namespace (the session's shared vLLM
-server lives in the host namespace, where the groups' namespaces cannot reach it), so this
+vLLM is started by each run inside the server's network namespace (the session's shared vLLM
+server lives in the host namespace, where the groups' namespaces cannot reach it), so each
 test starts its own (about a minute). Needs CAP_NET_ADMIN.
 """
 
@@ -14,6 +16,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from harness.lifecycle import Distribution
+from harness.lifecycle._comparison_run import run_comparison
 from harness.lifecycle._run import run_scenario
 from harness.scenario import load_scenario
 from netem import has_net_admin
@@ -44,3 +48,33 @@ def test_shaped_links_on_vllm(tiny_model: Path, tmp_path: Path):
     assert rwnd.min()["slow"] > 10_000
     assert rwnd.median()["fast"] < 1_000
     assert rwnd.min()["slow"] > 10 * rwnd.median()["fast"]
+
+
+def test_proxy_comparison_with_3g_readers_and_workers_on_vllm(tiny_model: Path, tmp_path: Path):
+    scenario = load_scenario(REPO / "scenarios" / "proxy-comparison-3g.toml")
+    target = scenario.target.model_copy(update={"model": str(tiny_model)})
+    result = run_comparison(
+        scenario.model_copy(update={"target": target}),
+        out_root=tmp_path,
+        distribution=Distribution(workers=2),
+    )
+    assert result.exit_code == 0, result.failure
+    assert list(result.runs) == ["none", "nginx-buffered", "egress"]
+    network = json.loads((result.run_dir / "comparison-run.json").read_text())["network"]
+    assert network["measured"]["slow"]["measured"]["rtt_ms"] == pytest.approx(300, rel=0.15)
+    for name, run in result.runs.items():
+        info = json.loads((run.run_dir / "run.json").read_text())
+        assert info["network"]["measured"] == network["measured"], name  # measured once
+        assert all(len(p["workers"]) == 2 for p in info["load_processes"]), name
+        groups = {g.group: g for g in run.summary.groups}
+        assert groups["slow"].outcomes == {"complete": 4}, name
+        assert groups["fast"].outcomes == {"complete": 8}, name
+        assert groups["slow"].ttft_p50_ms is not None and groups["slow"].ttft_p50_ms > 500
+        # The sockets that face the slow readers (vLLM's or the proxy's, in the server's
+        # namespace) were held back by their 4 KiB window for seconds.
+        assert (groups["slow"].server_rwnd_limited_p50_ms or 0) > 2_000, name
+        verdict = run.summary.verdicts["kv_held_by_undelivered_streams"]
+        assert verdict["status"] == "none", (name, verdict["line"])  # vLLM frees on finish
+    for name in ("nginx-buffered", "egress"):
+        proxy = result.runs[name].summary.proxy
+        assert proxy is not None and (proxy.buffered_peak_bytes or 0) > 100_000, (name, proxy)

@@ -7,11 +7,15 @@
 - ``buffered_bytes``: response bytes the proxy holds in user space: for ``egress`` its
   ``zerowindow_egress_buffered_bytes`` gauge (all streams); for ``nginx`` the size of the
   temporary files under ``<run>/nginx/proxy_temp`` (what spilled beyond ``proxy_buffers``; the
-  in-memory buffers themselves are not observable from outside);
+  in-memory buffers themselves are not observable from outside). nginx unlinks such a file as
+  soon as it has opened it (``ngx_open_tempfile()`` in src/os/unix/ngx_files.c, for files that
+  are not kept), so they are found through the open descriptors of the proxy's processes
+  (``/proc/<pid>/fd``), as well as by walking the folder;
 - per connection, in the kernel: ``client_send_q_bytes`` (Send-Q of the proxy's sockets that
   face the clients: bytes written but not yet acknowledged by a client) and
   ``upstream_recv_q_bytes`` (Recv-Q of the proxy's sockets that face the target: bytes the
-  target sent that the proxy has not read yet), from ``/proc/net/tcp``.
+  target sent that the proxy has not read yet), from the proxy's ``/proc/<pid>/net/tcp``
+  (its own network namespace, which is the server's in a run with shaped links).
 
 :func:`proxy_summary` turns the samples into a :class:`ProxySummary`. For ``egress`` it adds the
 mean of the per-stream peak buffered bytes (the rise of the
@@ -36,14 +40,19 @@ from netem import tcp_sockets
 _EGRESS = "zerowindow_egress"
 
 
-def tree_rss_bytes(pid: int) -> int | None:
-    """Summed RSS (bytes) of process ``pid`` and all its descendants, ``None`` if it is gone."""
+def tree_processes(pid: int) -> list[psutil.Process]:
+    """Process ``pid`` and all its descendants (empty if it is gone)."""
     try:
         root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
+        return [root, *root.children(recursive=True)]
     except psutil.Error:
-        return None
-    return procs_rss_bytes(procs)
+        return []
+
+
+def tree_rss_bytes(pid: int) -> int | None:
+    """Summed RSS (bytes) of process ``pid`` and all its descendants, ``None`` if it is gone."""
+    procs = tree_processes(pid)
+    return procs_rss_bytes(procs) if procs else None
 
 
 def procs_rss_bytes(procs: list[psutil.Process]) -> int:
@@ -57,16 +66,37 @@ def procs_rss_bytes(procs: list[psutil.Process]) -> int:
     return total
 
 
-def dir_bytes(path: Path) -> int:
-    """Total size (bytes) of the regular files under ``path`` (0 if it does not exist)."""
-    total = 0
+def dir_bytes(path: Path, pids: list[int] | None = None) -> int:
+    """Total size (bytes) of the regular files under ``path`` (0 if it does not exist),
+    including those that processes ``pids`` hold open there after unlinking them; each file
+    counted once."""
+    sizes: dict[tuple[int, int], int] = {}
+    prefix = str(path.resolve()) + os.sep
+
+    def add(name: str) -> None:
+        try:
+            st = os.stat(name)
+        except OSError:
+            return
+        sizes[(st.st_dev, st.st_ino)] = st.st_size
+
     for root, _, files in os.walk(path):
         for f in files:
+            add(os.path.join(root, f))
+    for pid in pids or []:
+        fd_dir = f"/proc/{pid}/fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
             try:
-                total += os.stat(os.path.join(root, f)).st_size
+                link = os.readlink(f"{fd_dir}/{fd}")
             except OSError:
                 continue
-    return total
+            if link.startswith(prefix):
+                add(f"{fd_dir}/{fd}")
+    return sum(sizes.values())
 
 
 def parse_egress_metrics(text: str) -> dict[str, float]:
@@ -125,10 +155,13 @@ class ProxyProbe(Sampler):
 
     def sample(self) -> None:
         row: dict[str, Any] = {"t": time.monotonic()}
+        procs = tree_processes(self.pid) if self.pid is not None else []
         if self.pid is not None:
-            row["rss_bytes"] = tree_rss_bytes(self.pid)
+            row["rss_bytes"] = procs_rss_bytes(procs) if procs else None
         send_q, recv_q = 0, 0
-        for s in tcp_sockets():
+        # The proxy's own namespace; this process's while the proxy has not started or is gone.
+        proc = f"/proc/{self.pid}" if procs else "/proc"
+        for s in tcp_sockets(proc=proc):
             if s.state == "LISTEN":
                 continue
             if s.local_port == self.client_port:
@@ -138,7 +171,7 @@ class ProxyProbe(Sampler):
         row["client_send_q_bytes"] = send_q
         row["upstream_recv_q_bytes"] = recv_q
         if self.temp_dir is not None:
-            row["buffered_bytes"] = dir_bytes(self.temp_dir)
+            row["buffered_bytes"] = dir_bytes(self.temp_dir, [p.pid for p in procs])
         if self.metrics_url is not None:
             try:
                 response = self._client.get(self.metrics_url)

@@ -12,7 +12,8 @@ Before the first configuration, :data:`WARMUP_REQUESTS` short requests go straig
 target, so that the first configuration does not alone pay the engine's first-request costs
 (vLLM's first requests after start are several times slower). Then it writes the comparison
 (``comparison.json``, ``comparison.md``; ``harness.outputs``) into ``<run>/`` and stops the
-target.
+target. With shaped links the network is built once for every configuration
+(:func:`run_comparison`).
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ from harness.lifecycle._conclude import (
     RunResult,
     conclude,
 )
+from harness.lifecycle._distributed import Distribution
 from harness.lifecycle._inputs import url_target
+from harness.lifecycle._netrun import RunNetwork, plan_network
 from harness.lifecycle._placement import (
     Placement,
     pinned_to_load,
@@ -57,7 +60,7 @@ from harness.runfolder import (
 from harness.scenario import NamedProxyConfig, Scenario, ScenarioError, needs_baseline
 from harness.servers import Target, make_target
 from loadgen import FullSpeed, RequestSpec, build_prompt, prompt_seed, stream_request
-from zwcore import TargetError
+from zwcore import NetworkError, TargetError
 
 IDLE_TIMEOUT_S = 120.0
 WARMUP_REQUESTS = 3
@@ -131,20 +134,26 @@ def run_comparison(
     scenario_path: Path | None = None,
     out_root: Path = Path("results"),
     target_url: str | None = None,
+    distribution: Distribution | None = None,
 ) -> ComparisonResult:
     """Run ``scenario`` through each of its ``proxies`` (module docstring) under
-    ``out_root/<name>/<UTC timestamp>/``. Never raises for failures of the target, a proxy or
-    the load: they end up in ``comparison-run.json``, the runs' ``run.json`` and the exit code.
-    Raises :class:`~harness.scenario._models.ScenarioError` for an invalid ``target_url`` and
-    ``ValueError`` if the scenario lists no ``proxies``, ``ScenarioError`` if it needs network
-    namespaces (not supported in a comparison yet)."""
+    ``out_root/<name>/<UTC timestamp>/``.
+
+    When the scenario needs its own network (network profiles, ``[server_net]``, ``[netem]
+    isolate``), it is built once before the target starts and kept for every configuration:
+    the target and each proxy listen in the server's namespace, each group's load runs in its
+    own behind the same shaped link, and each configuration's ``run.json`` holds the links'
+    requested and measured figures (measured once). ``distribution`` runs each group of each
+    configuration as a Locust master with local workers (in the group's namespace when there
+    is one). Never raises for failures of the target, a proxy, the network or the load: they
+    end up in ``comparison-run.json``, the runs' ``run.json`` and the exit code. Raises, before
+    anything starts, :class:`~harness.scenario._models.ScenarioError` for an invalid
+    ``target_url``, gates relative to a baseline, or a network the target cannot join (a
+    ``url`` target); :class:`~harness.lifecycle.DistributedError` for remote workers (they
+    quit with their master after each configuration); ``ValueError`` if the scenario lists no
+    ``proxies``."""
     if not scenario.proxies:
         raise ValueError("the scenario lists no proxies")
-    if scenario.needs_topology():
-        raise ScenarioError(
-            "proxies = [...] runs on the host's loopback: network profiles, [server_net] and "
-            "[netem] isolate are not supported in a comparison yet"
-        )
     if needs_baseline(scenario.gates):
         raise ScenarioError(
             "proxies = [...]: gates that refer to 'baseline' are not supported in a comparison "
@@ -152,6 +161,11 @@ def run_comparison(
         )
     if target_url is not None:
         scenario = scenario.model_copy(update={"target": url_target(scenario, target_url)})
+    scenario, network = plan_network(scenario)
+    if distribution is not None:
+        distribution.check_for_comparison()
+        if network is not None:
+            distribution.check_in_namespaces()
     run_dir = new_run_dir(out_root, scenario.name)
     if scenario_path is not None:
         shutil.copyfile(scenario_path, run_dir / SCENARIO_TOML)
@@ -171,18 +185,25 @@ def run_comparison(
     }
     with signals_raise(), pinned_to_load(placement):
         try:
-            target.start(run_dir)
+            _start_target(target, network, run_dir)
             info["warmup"] = warm_up(target.base_url, target.served_model_name)
-            _run_each(scenario, scenario_path, run_dir, target, result, info, placement)
+            _run_each(
+                scenario, scenario_path, run_dir, target, result, info, placement,
+                network=network, distribution=distribution,
+            )  # fmt: skip
         except RunInterrupted as exc:
             result.exit_code, result.failure = EXIT_INTERRUPTED, f"stopped by {exc}"
-        except TargetError as exc:
+        except (TargetError, NetworkError) as exc:
             result.exit_code = EXIT_FAILED if result.runs else EXIT_SETUP
-            result.failure = str(exc)
+            prefix = "network: " if isinstance(exc, NetworkError) else ""
+            result.failure = f"{prefix}{exc}"
         except OSError as exc:
             result.exit_code, result.failure = EXIT_SETUP, f"cannot start the run: {exc}"
         finally:
             target.stop()
+            if network is not None:
+                network.teardown(run_dir)
+                info["network"] = network.describe()
     info["target"] = target.describe()
     info["engine_probe"] = target.engine_probe()
     if why := collect_engine_tables(run_dir, target.engine_dir, t_start=0.0):
@@ -204,6 +225,21 @@ def run_comparison(
     return result
 
 
+def _start_target(target: Target, network: RunNetwork | None, run_dir: Path) -> None:
+    """Build the network (if any), then start the target inside its server namespace."""
+    if network is None:
+        target.start(run_dir)
+        return
+    network.setup(run_dir)
+    for process in target.processes():
+        process.netns = network.server_netns
+    try:
+        target.start(run_dir)
+    finally:
+        for process in target.processes():
+            network.record_process(process.proc, process.label)
+
+
 def run_configuration(
     scenario: Scenario,
     scenario_path: Path | None,
@@ -212,10 +248,13 @@ def run_configuration(
     proxy: NamedProxyConfig,
     *,
     placement: Placement | None = None,
+    network: RunNetwork | None = None,
+    distribution: Distribution | None = None,
 ) -> RunResult:
     """Run ``scenario``'s load through ``proxy`` against ``target``, which is already running
-    and is left running (one configuration of a comparison), and conclude it in ``run_dir``
-    (gated on its own figures: relative gates are refused for comparisons up front)."""
+    (inside ``network``'s server namespace, if given) and is left running with its network
+    (one configuration of a comparison), and conclude it in ``run_dir`` (gated on its own
+    figures: relative gates are refused for comparisons up front)."""
     run = RunLifecycle(
         scenario,
         scenario_path,
@@ -223,6 +262,8 @@ def run_configuration(
         target,
         proxy=proxy,
         manage_target=False,
+        network=network,
+        distribution=distribution,
         placement=placement,
     )
     facts = run.execute()
@@ -237,6 +278,9 @@ def _run_each(
     result: ComparisonResult,
     info: dict[str, Any],
     placement: Placement,
+    *,
+    network: RunNetwork | None,
+    distribution: Distribution | None,
 ) -> None:
     for named in scenario.proxies:
         if reason := target.failure():
@@ -246,8 +290,9 @@ def _run_each(
         sub_dir = run_dir / named.name
         sub_dir.mkdir()
         outcome = run_configuration(
-            scenario, scenario_path, sub_dir, target, named, placement=placement
-        )
+            scenario, scenario_path, sub_dir, target, named,
+            placement=placement, network=network, distribution=distribution,
+        )  # fmt: skip
         result.runs[named.name] = outcome
         if outcome.exit_code == EXIT_INTERRUPTED:
             raise RunInterrupted("signal")

@@ -47,6 +47,8 @@ from zwcore import LoadError
 
 # How long a master waits for its workers to connect before giving up (s).
 EXPECT_WORKERS_MAX_WAIT_S = 60
+# Master addresses that mean the same inside a network namespace as on the host.
+LOOPBACK_OR_ANY = ("127.0.0.1", "localhost", "*", "0.0.0.0")
 
 
 class DistributedError(LoadError, ValueError):
@@ -73,6 +75,32 @@ class Distribution:
             raise DistributedError("--workers/--remote-workers: at least one worker is needed")
         if not 0 <= self.master_port <= 65535:
             raise DistributedError(f"master port {self.master_port} is out of range")
+
+    def check_for_comparison(self) -> None:
+        """Raises :class:`DistributedError` for remote workers in a proxy comparison: a
+        worker quits with its master, and each configuration starts masters of its own."""
+        if self.remote_workers:
+            raise DistributedError(
+                "--remote-workers cannot be combined with proxies = [...]: remote workers "
+                "quit with their master after the first configuration; use --workers"
+            )
+
+    def check_in_namespaces(self) -> None:
+        """Raises :class:`DistributedError` unless the masters can run inside the groups'
+        network namespaces (shaped links): there they listen on the namespace's own loopback,
+        which only the local workers started beside them can reach."""
+        if self.remote_workers:
+            raise DistributedError(
+                "--remote-workers cannot be combined with network profiles, [server_net] or "
+                "[netem] isolate: each group's master runs inside the group's network "
+                "namespace, which workers on other machines cannot reach; use --workers"
+            )
+        if self.master_host not in LOOPBACK_OR_ANY:
+            raise DistributedError(
+                f"--master-bind {self.master_host}: with network profiles the masters run "
+                "inside the groups' network namespaces and listen on their loopback; "
+                "give 127.0.0.1 (the default) or leave --master-bind out"
+            )
 
     def for_group(self, index: int) -> dict[str, Any]:
         """Keyword arguments of :func:`start_distributed_load` for the ``index``-th group."""
@@ -110,6 +138,11 @@ class DistributedLoad(LoadProcess):
         for worker in self.workers:
             stop_process_group(worker.proc, grace_s=grace_s)
         return code
+
+    def processes(self) -> list[tuple[subprocess.Popen[bytes], str]]:
+        return [(self.proc, f"locust master {self.group}")] + [
+            (w.proc, f"locust worker {self.group}@{w.name}") for w in self.workers
+        ]
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -173,8 +206,10 @@ def start_distributed_load(
     remote_workers: int = 0,
     master_bind: tuple[str, int] = ("127.0.0.1", 0),
     plugins: list[str] | None = None,
+    netns: str | None = None,
 ) -> DistributedLoad:
-    """Write the group's locustfile and start its master and ``workers`` local workers.
+    """Write the group's locustfile and start its master and ``workers`` local workers
+    (all inside network namespace ``netns``, if given).
 
     The master listens on ``master_bind`` (port 0 picks a free one) and starts the load once
     ``workers + remote_workers`` workers have connected (it gives up after
@@ -213,7 +248,7 @@ def start_distributed_load(
         "--json-file", str(run_dir / f"locust-stats-{group.name}"),
     ]  # fmt: skip
     log_path = run_dir / f"locust-{group.name}.log"
-    master = start_process(master_argv, log_path=log_path)
+    master = start_process(master_argv, log_path=log_path, netns=netns)
     connect_host = "127.0.0.1" if bind_host in ("*", "0.0.0.0") else bind_host
     load = DistributedLoad(
         group.name,
@@ -233,7 +268,7 @@ def start_distributed_load(
             ]  # fmt: skip
             wlog = run_dir / f"locust-{group.name}@{name}.log"
             env = {WORKER_NAME_ENV: name, WORKER_DIR_ENV: str(run_dir), WORKER_FORWARD_ENV: "0"}
-            proc = start_process(argv, log_path=wlog, env=env)
+            proc = start_process(argv, log_path=wlog, env=env, netns=netns)
             load.workers.append(WorkerProcess(name, argv, proc, wlog))
     except OSError:
         load.stop(grace_s=2)

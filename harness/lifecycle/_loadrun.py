@@ -37,6 +37,10 @@ class LoadProcess:
     def stop(self, *, grace_s: float = 10.0) -> int | None:
         return stop_process_group(self.proc, grace_s=grace_s)
 
+    def processes(self) -> list[tuple[subprocess.Popen[bytes], str]]:
+        """The processes of this load, each with what it is (``locust <group>``)."""
+        return [(self.proc, f"locust {self.group}")]
+
     def describe(self) -> dict[str, Any]:
         """What ``run.json`` keeps of this load process."""
         return {"group": self.group, "argv": self.argv}

@@ -6,7 +6,9 @@ and moves the target's and proxy's listening address to the server namespace's a
 :class:`RunNetwork` then builds it (:meth:`RunNetwork.setup`), tells the run where each
 process runs, and releases everything (:meth:`RunNetwork.teardown`); every resource is written
 to the run folder's ``netem-state.json`` before it is created, so ``zerowindow netem clean``
-can remove what a killed run left.
+can remove what a killed run left. A proxy comparison builds one network for all its
+configurations (identical links and shaping for each) and captures the wire per configuration
+(:meth:`RunNetwork.start_captures`, :meth:`RunNetwork.finish_captures`).
 """
 
 from __future__ import annotations
@@ -81,22 +83,31 @@ class RunNetwork:
         return self.topology.links[group].netns
 
     def rewrite(self, scenario: Scenario) -> Scenario:
-        """``scenario`` with the target and proxy listening on the server address (ports
-        chosen now when 0; the server namespace is new, so any port is free there)."""
-        update: dict[str, Any] = {}
-        for key in ("target", "proxy"):
-            config = getattr(scenario, key)
-            fields = _listen_fields(config)
-            if fields is None:
-                continue
-            host, port = fields
-            update[key] = config.model_copy(
-                update={
-                    host: self.topology.server_addr,
-                    port: getattr(config, port) or free_port("127.0.0.1"),
-                }
-            )
+        """``scenario`` with the target and every proxy (``proxy`` and each of ``proxies``)
+        listening on the server address (ports chosen now when 0; the server namespace is
+        new, so any port is free there)."""
+        update: dict[str, Any] = {
+            "target": self._listen_on_server(scenario.target),
+            "proxy": self._listen_on_server(scenario.proxy),
+        }
+        if scenario.proxies:
+            update["proxies"] = [
+                p.model_copy(update={"proxy": self._listen_on_server(p.proxy)})
+                for p in scenario.proxies
+            ]
         return scenario.model_copy(update=update)
+
+    def _listen_on_server(self, config: Any) -> Any:
+        fields = _listen_fields(config)
+        if fields is None:
+            return config
+        host, port = fields
+        return config.model_copy(
+            update={
+                host: self.topology.server_addr,
+                port: getattr(config, port) or free_port("127.0.0.1"),
+            }
+        )
 
     # -- life cycle ---------------------------------------------------------------------
 
@@ -109,11 +120,13 @@ class RunNetwork:
         self.check_shaping()
         self.topology.create()
         self._shape()
-        if self.scenario.netem.capture:
-            self._start_captures(run_dir)
 
-    def _start_captures(self, run_dir: Path) -> None:
-        """tcpdump on each group's client-side veth end, into ``wire-<group>.pcap``."""
+    def start_captures(self, run_dir: Path) -> None:
+        """With ``[netem] capture``: tcpdump on each group's client-side veth end, into
+        ``run_dir/wire-<group>.pcap``; else nothing. Raises :class:`NetemError`."""
+        if not self.scenario.netem.capture:
+            return
+        self.stalled = []
         for group, link in self.topology.links.items():
             capture = WireCapture(link.netns, link.client_ifname, run_dir / f"wire-{group}.pcap")
             try:
@@ -123,11 +136,19 @@ class RunNetwork:
             self.captures[group] = capture
             self.record_pid(capture.pid, f"tcpdump {group}")
 
+    def finish_captures(self, run_dir: Path) -> None:
+        """Stop the captures started by :meth:`start_captures`, write
+        ``run_dir/wire.parquet`` (one row per event, with ``group``) and keep the stalled flows
+        (see :func:`netem._wire.stalled_flows`). Never raises: problems go to ``errors``."""
+        try:
+            self._finish_captures(run_dir)
+        except Exception as exc:
+            self.errors.append(f"wire capture: {type(exc).__name__}: {exc}")
+
     def _finish_captures(self, run_dir: Path) -> None:
-        """Stop the captures and write ``wire.parquet`` (one row per event, with ``group``)
-        and the stalled flows (see :func:`netem._wire.stalled_flows`)."""
         frames = []
-        for group, capture in self.captures.items():
+        captures, self.captures = self.captures, {}
+        for group, capture in captures.items():
             pcap = capture.stop()
             try:
                 events = wire_events(pcap)
@@ -140,7 +161,7 @@ class RunNetwork:
             return
         events = pd.concat(frames, ignore_index=True)
         events.to_parquet(run_dir / "wire.parquet", index=False)
-        for group in self.captures:
+        for group in captures:
             flows = stalled_flows(events[events["group"] == group].drop(columns="group"))
             flows.insert(0, "group", group)
             self.stalled += [
@@ -238,13 +259,11 @@ class RunNetwork:
             )
 
     def teardown(self, run_dir: Path) -> None:
-        """Stop and analyse the captures, release the shaping, then the namespaces and links;
-        mark the state file released. Never raises: problems are kept in ``errors`` (and in
-        ``run.json``)."""
-        try:
-            self._finish_captures(run_dir)
-        except Exception as exc:
-            self.errors.append(f"wire capture: {type(exc).__name__}: {exc}")
+        """Stop and analyse the captures still running (into ``run_dir``), release the
+        shaping, then the namespaces and links; mark the state file released. Never raises:
+        problems are kept in ``errors`` (and in ``run.json``)."""
+        if self.captures:
+            self.finish_captures(run_dir)
         for applied in reversed(self.shaping):
             try:
                 self.errors += [f"releasing shaping: {e}" for e in applied.release()]
@@ -266,7 +285,7 @@ class RunNetwork:
             "state_file": str(self.state.path) if self.state else None,
             "shaping": self.shaping_info,
             "measured": self.measured,
-            "stalled_flows": self.stalled if self.captures else None,
+            "stalled_flows": self.stalled if self.scenario.netem.capture else None,
             "errors": self.errors,
         }
 

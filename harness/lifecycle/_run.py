@@ -59,7 +59,6 @@ from harness.scenario import (
     NamedProxyConfig,
     PlacementConfig,
     Scenario,
-    ScenarioError,
 )
 from harness.servers import Target, make_proxy, make_target
 from zwcore import NetworkError, TargetError
@@ -72,7 +71,9 @@ class RunLifecycle:
     """State of one run; ``execute`` is the whole life cycle.
 
     ``proxy`` replaces the scenario's ``proxy`` (one entry of its ``proxies``);
-    ``manage_target=False`` uses a target that is already running and leaves it running."""
+    ``manage_target=False`` uses a target that is already running and leaves it running, and
+    with it ``network``, which the caller set up and tears down (this run only captures the
+    wire into its own folder)."""
 
     def __init__(
         self,
@@ -129,16 +130,18 @@ class RunLifecycle:
     def _start_target(self) -> None:
         netns = None
         if self.network is not None:
-            self.network.setup(self.run_dir)
+            if self.manage_target:  # else the caller built the network with the target
+                self.network.setup(self.run_dir)
+            self.network.start_captures(self.run_dir)
             netns = self.network.server_netns
-            for process in self.target.processes() + self.proxy.processes():
+            for process in self._own_processes():
                 process.netns = netns
         if self.manage_target:
             place_target(self.placement, self.target.processes())
             self.target.start(self.run_dir)
         self.client_url = self.proxy.start(self.run_dir, self.target.base_url)
         if self.network is not None:
-            for process in self.target.processes() + self.proxy.processes():
+            for process in self._own_processes():
                 self.network.record_process(process.proc, process.label)
         # Undelivered bytes wait in the sockets that face the clients (the proxy's, if any).
         url = urlsplit(self.client_url)
@@ -161,6 +164,11 @@ class RunLifecycle:
                 interval_s=c.metrics_interval_s,
             )
             self.probe.start()
+
+    def _own_processes(self) -> list[Any]:
+        """The server-side processes this run starts: the proxy's, and the target's when the
+        run manages it."""
+        return (self.target.processes() if self.manage_target else []) + self.proxy.processes()
 
     def _tick(self, phase: str | None = None) -> None:
         """Report to the progress display, if any (called from every wait loop)."""
@@ -188,16 +196,16 @@ class RunLifecycle:
                 "max_duration_s": self.scenario.max_duration_s,
                 "plugins": list(self.scenario.plugins),
             }
+            common["netns"] = self.network.group_netns(group.name) if self.network else None
             if self.distribution is None:
-                netns = self.network.group_netns(group.name) if self.network else None
-                self.loads.append(start_load(group, **common, netns=netns))
-                if self.network is not None:
-                    self.network.record_process(self.loads[-1].proc, f"locust {group.name}")
+                load = start_load(group, **common)
             else:
                 index = self.scenario.groups.index(group)  # port+i: i is the order in the file
-                self.loads.append(
-                    start_distributed_load(group, **common, **self.distribution.for_group(index))
-                )
+                load = start_distributed_load(group, **common, **self.distribution.for_group(index))
+            self.loads.append(load)
+            if self.network is not None:
+                for proc, what in load.processes():
+                    self.network.record_process(proc, what)
 
     def _target_failure(self) -> str | None:
         reason = self.target.failure() or self.proxy.failure()
@@ -286,7 +294,10 @@ class RunLifecycle:
         if self.manage_target:
             self.target.stop()
         if self.network is not None:
-            self.network.teardown(self.run_dir)
+            if self.manage_target:
+                self.network.teardown(self.run_dir)
+            else:
+                self.network.finish_captures(self.run_dir)
             self.info["network"] = self.network.describe()
         self.info["proxy"] = self.proxy.describe()
         self.info["load_processes"] = [ld.describe() for ld in self.loads]
@@ -332,7 +343,9 @@ class RunLifecycle:
             proxy_kind=self.proxy_kind,
             client_port=self.client_port,
             missing_metrics=self.scraper.missing() if self.scraper else [],
-            stalled_flows=self.network.stalled if self.network and self.network.captures else None,
+            stalled_flows=(
+                self.network.stalled if self.network and self.scenario.netem.capture else None
+            ),
             load_workers=self.workers,
             placement=self.placement.describe(),
             engine_probe=self.info.get("engine_probe"),
@@ -364,10 +377,13 @@ def run_scenario(
     :attr:`RunResult.exit_code` (0 complete and every gate passed, 1 failed during the run or a
     gate failed, 2 could not start, 130 interrupted by SIGINT/SIGTERM). The gates are written
     to ``gates.json`` and ``junit.xml``. Raises :class:`ScenarioError` for an invalid
-    ``target_url``, for ``distribution`` combined with network profiles, or for a target the
+    ``target_url`` or for a target the
     run cannot start inside its server namespace when the scenario needs one, or for a
     ``[placement]`` naming CPUs that are not usable, and :class:`~harness.BaselineError` for a
-    baseline that is needed but missing or invalid, all before anything starts. The target's
+    baseline that is needed but missing or invalid, and
+    :class:`~harness.lifecycle.DistributedError` for ``distribution`` with remote workers or a
+    non-loopback master address combined with network profiles (there each group's master and
+    its workers run in the group's namespace), all before anything starts. The target's
     processes and the load run on disjoint CPU sets when ``[placement]`` allows (run.json's
     ``placement`` says what was done).
     """
@@ -377,10 +393,7 @@ def run_scenario(
     target = make_target(scenario.target)
     placement = plan_placement(scenario.placement, target_started=bool(target.processes()))
     if network is not None and distribution is not None:
-        raise ScenarioError(
-            "--workers cannot be combined with network profiles, [server_net] or "
-            "[netem] isolate yet: distributed load processes do not run in namespaces"
-        )
+        distribution.check_in_namespaces()
     base = baseline_for(scenario, baseline, use=use_baseline)
     run_dir = new_run_dir(out_root, scenario.name)
     if scenario_path is not None:

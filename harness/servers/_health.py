@@ -3,6 +3,7 @@ reached raises."""
 
 from __future__ import annotations
 
+import errno
 import socket
 import time
 from collections.abc import Callable
@@ -13,9 +14,17 @@ from zwcore import TargetError
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on ``host`` a moment ago (bind to port 0, then release)."""
+    """A TCP port that was free on ``host`` a moment ago (bind to port 0, then release). For
+    an address this namespace does not have (a run's server address, which lives in the
+    run's new server namespace, where every port is free), a port free on loopback. Raises
+    ``OSError`` when neither can be bound."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
+        try:
+            s.bind((host, 0))
+        except OSError as exc:
+            if exc.errno != errno.EADDRNOTAVAIL:
+                raise
+            s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
