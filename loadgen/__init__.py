@@ -1,7 +1,7 @@
 """What clients do: Locust users that stream from OpenAI-compatible endpoints and record timings.
 
 Import costs: the read behaviours, configuration models, SSE decoder and the socket client load
-without Locust. The Locust-bound names (``StreamingUser``, ``SlowReaderUser``,
+without Locust. The Locust-bound names (``StreamingUser``, ``SlowReaderUser``, ``OpenLoopUser``,
 ``user_class_from_config``, ``quit_when_users_done``, ``exit_zero_on_request_failures``,
 ``sample_saturation``) load Locust, and with it gevent's monkey-patching, on first use only.
 """
@@ -22,8 +22,25 @@ from ._actions import (
     Stall,
     StopReading,
 )
+from ._arrivals import (
+    ARRIVALS,
+    ArrivalBase,
+    ArrivalConfig,
+    ConstantArrivals,
+    GammaArrivals,
+    PoissonArrivals,
+)
 from ._client import RequestSpec, stream_request
 from ._config import SATURATION_ENV, GroupRunConfig, UserGroupConfig
+from ._lengths import (
+    LENGTHS,
+    FixedLength,
+    LengthBase,
+    LengthConfig,
+    LognormalLength,
+    NormalLength,
+    UniformLength,
+)
 from ._openai import ENDPOINT_PATHS, Endpoint, TokenCounter, parse_payload, request_body
 from ._prompt import build_prompt, prompt_seed
 from ._reads import READS, FullSpeed, Paced, ReadBehaviour, ReadConfig
@@ -46,11 +63,18 @@ from ._workers import (
 if TYPE_CHECKING:
     from ._lifecycle import exit_zero_on_request_failures, quit_when_users_done
     from ._saturation import sample_saturation
-    from ._users import RequestOutcomeError, SlowReaderUser, StreamingUser, user_class_from_config
+    from ._users import (
+        OpenLoopUser,
+        RequestOutcomeError,
+        SlowReaderUser,
+        StreamingUser,
+        user_class_from_config,
+    )
 
 _LAZY = {
     "StreamingUser": "._users",
     "SlowReaderUser": "._users",
+    "OpenLoopUser": "._users",
     "RequestOutcomeError": "._users",
     "user_class_from_config": "._users",
     "quit_when_users_done": "._lifecycle",
@@ -60,6 +84,20 @@ _LAZY = {
 
 __all__ = [
     "ACTIONS",
+    "ARRIVALS",
+    "ArrivalBase",
+    "ArrivalConfig",
+    "ConstantArrivals",
+    "GammaArrivals",
+    "PoissonArrivals",
+    "OpenLoopUser",
+    "LENGTHS",
+    "FixedLength",
+    "LengthBase",
+    "LengthConfig",
+    "LognormalLength",
+    "NormalLength",
+    "UniformLength",
     "AbortiveClose",
     "ActionConfig",
     "Chunk",

@@ -61,7 +61,9 @@ class RequestSpec:
     auto-tuning. ``timestamps``: ``"kernel"`` stamps the reads of a read behaviour that reads
     on arrival (``full_speed``) with the time the kernel received their bytes, until an action
     fires; ``"read"`` stamps every read when ``recv`` returned. ``user_class``, ``group`` and
-    ``network_profile`` only label the record.
+    ``network_profile`` only label the record; ``t_scheduled`` (monotonic s), the deadline an
+    open-loop schedule gave the request, and ``schedule_index``, its position in the whole
+    schedule, are recorded as is.
     """
 
     host: str
@@ -80,6 +82,8 @@ class RequestSpec:
     user_class: str = ""
     group: str = ""
     network_profile: str = "none"
+    t_scheduled: float | None = None
+    schedule_index: int | None = None
 
 
 @dataclass(frozen=True)
@@ -509,6 +513,8 @@ def stream_request(
         prompt_tokens_requested=spec.prompt_tokens,
         t_send=t_send,
         t_send_wall=time.time(),
+        t_scheduled=spec.t_scheduled,
+        schedule_index=spec.schedule_index,
     )
     try:
         family, type_, proto, _, addr = socket.getaddrinfo(

@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from zwcore import load_plugins
 
 from ._actions import ActionConfig, Stall, StopReading
+from ._arrivals import ArrivalConfig
+from ._lengths import TokenCount
 from ._reads import FullSpeed, ReadConfig
 
 # Environment variable naming the file where a load process appends its saturation samples
@@ -24,7 +26,10 @@ SATURATION_ENV = "ZW_SATURATION"
 
 
 class UserGroupConfig(BaseModel):
-    """``users`` users, each sending ``requests_per_user`` streaming requests one after another.
+    """``users`` users, each sending ``requests_per_user`` streaming requests one after another
+    (a closed loop), or, with ``arrival``, requests sent on an open-loop schedule (see
+    ``loadgen._arrivals``) whatever the server does; then ``users`` and
+    ``requests_per_user`` do not apply.
 
     ``wait_s``: pause between a user's requests (s). ``rcvbuf_bytes``: ``SO_RCVBUF`` set before
     ``connect`` (Linux doubles it, socket(7)); ``None`` keeps the default and auto-tuning.
@@ -35,13 +40,16 @@ class UserGroupConfig(BaseModel):
     ``action``: what the client does after N tokens (or ``None``).
     ``network_profile``: label of the link the group's process runs behind (recorded as is).
     ``endpoint``: ``completions`` (``/v1/completions``) or ``chat`` (``/v1/chat/completions``).
-    ``prompt_tokens``: approximate prompt length (words of a deterministic prompt).
+    ``prompt_tokens``: approximate prompt length (words of a deterministic prompt);
+    ``max_tokens``: the output length asked for; either may be a length distribution drawn per
+    request (``loadgen._lengths``).
     ``timeout_s``: per-request deadline from send to end. ``start_after_s``: how long after the
     run's load phase begins the group's users start (the harness starts the group's process
     that much later; a plain locustfile ignores it).
 
     Validation errors (``pydantic.ValidationError``): out-of-range numbers, unknown fields or
-    kinds, and a ``stall``/``stop_reading`` pause not shorter than ``timeout_s``.
+    kinds, a ``stall``/``stop_reading`` pause not shorter than ``timeout_s``, a closed loop
+    without ``users`` or ``requests_per_user``, an open loop with them.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -52,8 +60,13 @@ class UserGroupConfig(BaseModel):
         description="letters, digits, '_', '-' (it names the group's files and figures such "
         "as '<group>.ttft_p99_ms', so no '.')",
     )
-    users: int = Field(ge=1)
-    requests_per_user: int = Field(ge=1)
+    users: int | None = Field(None, ge=1, description="closed loop: how many users")
+    requests_per_user: int | None = Field(
+        None, ge=1, description="closed loop: requests each user sends, one after another"
+    )
+    arrival: ArrivalConfig | None = Field(
+        None, description="open loop: when requests are sent (constant, poisson, gamma)"
+    )
     wait_s: float = Field(default=0.0, ge=0)
     rcvbuf_bytes: int | None = Field(default=None, ge=1)
     read: ReadConfig = Field(default_factory=FullSpeed)
@@ -61,11 +74,43 @@ class UserGroupConfig(BaseModel):
     action: ActionConfig | None = None
     network_profile: str = "none"
     endpoint: Literal["completions", "chat"] = "completions"
-    prompt_tokens: int = Field(default=32, ge=1)
-    max_tokens: int = Field(default=128, ge=1)
+    prompt_tokens: TokenCount = Field(
+        default=32, description="prompt length (tokens): a number, or a length distribution"
+    )
+    max_tokens: TokenCount = Field(
+        default=128, description="output length asked for (tokens): a number or a distribution"
+    )
     ignore_eos: bool = True
     timeout_s: float = Field(default=120.0, gt=0)
     start_after_s: float = Field(default=0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _one_loop(self) -> UserGroupConfig:
+        if self.arrival is None:
+            missing = [f for f in ("users", "requests_per_user") if getattr(self, f) is None]
+            if missing:
+                raise ValueError(
+                    f"{' and '.join(missing)} {'are' if len(missing) > 1 else 'is'} required "
+                    "(or an arrival = { kind = ... } for an open-loop group)"
+                )
+        else:
+            given = [f for f in ("users", "requests_per_user") if getattr(self, f) is not None]
+            if given:
+                raise ValueError(
+                    f"{' and '.join(given)} do not apply to an open-loop group (arrival): "
+                    "its arrival's requests or duration_s bound it, max_concurrency caps it"
+                )
+        return self
+
+    @property
+    def open_loop(self) -> bool:
+        """Whether the group sends on an ``arrival`` schedule."""
+        return self.arrival is not None
+
+    def locust_users(self, processes: int = 1) -> int:
+        """Locust users of the group when it runs in ``processes`` load processes: its
+        ``users`` (closed loop), or one schedule dispatcher per process (open loop)."""
+        return processes if self.users is None else self.users
 
     @model_validator(mode="after")
     def _pause_fits_deadline(self) -> UserGroupConfig:
@@ -85,7 +130,9 @@ class GroupRunConfig(BaseModel):
     """The JSON file given to ``loadgen/locustfile.py`` with ``--zw-group-config``.
 
     ``{"group": <UserGroupConfig>, "host": "http://...", "model": "...",
-    "records_path": "...", "seed": 0, "plugins": [...]}``; ``plugins`` (the scenario's, see
+    "records_path": "...", "seed": 0, "processes": 1, "plugins": [...]}``; ``processes``: how
+    many load processes (Locust workers) split an open-loop schedule; ``plugins`` (the
+    scenario's, see
     :func:`zwcore.load_plugins`) are imported before the group is validated, so that the kinds
     they register are known in the Locust process too.
     """
@@ -98,6 +145,9 @@ class GroupRunConfig(BaseModel):
     model: str
     records_path: Path
     seed: int = 0
+    processes: int = Field(
+        1, ge=1, description="load processes sharing an open-loop schedule (Locust workers)"
+    )
 
     @model_validator(mode="before")
     @classmethod

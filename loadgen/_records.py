@@ -72,6 +72,9 @@ class RequestRecord:
     stamps until an action fired (or where one was missing), return times after.
     ``read_lag_max_ms`` is the longest a kernel-stamped read waited in the receive buffer
     before the client took it (how late the client was); ``None`` without kernel stamps.
+    ``t_scheduled`` is when an open-loop schedule meant the request to be sent (``None`` in a
+    closed loop); ``t_send - t_scheduled`` is the client's send lag; ``schedule_index`` the
+    request's position in the whole schedule (every load process sending a share of it).
     """
 
     request_id: str
@@ -105,6 +108,8 @@ class RequestRecord:
     stream_id: str | None = None  # the ``id`` of the stream's chunks (engine request id prefix)
     timestamps: str = "read"
     read_lag_max_ms: float | None = None
+    t_scheduled: float | None = None
+    schedule_index: int | None = None
 
     @property
     def ttft_ms(self) -> float | None:

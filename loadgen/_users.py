@@ -25,18 +25,26 @@ still recorded, as ``client_abort`` with error ``interrupted: GreenletExit``.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
+import random
 import re
 import threading
+import time
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+import gevent
+from gevent.lock import BoundedSemaphore
+from gevent.pool import Group
 from locust import User, constant, task
 from locust.exception import StopUser
 
 from ._actions import ACTIONS, ActionConfig
+from ._arrivals import ArrivalBase, share
 from ._client import RequestSpec, stream_request
 from ._config import UserGroupConfig
+from ._lengths import LengthBase, draw_tokens
 from ._openai import Endpoint
 from ._prompt import build_prompt, prompt_seed
 from ._reads import READS, FullSpeed, Paced, ReadConfig
@@ -72,7 +80,8 @@ class StreamingUser(User):
 
     Class attributes (override in a subclass): ``host`` (base URL, ``http://`` only),
     ``model``, ``endpoint`` (``"completions"`` | ``"chat"``), ``prompt_tokens``,
-    ``max_tokens``, ``ignore_eos``, ``timeout_s`` (per-request deadline, s), ``read``
+    ``max_tokens`` (each a number or a ``loadgen._lengths`` distribution, drawn per
+    request), ``ignore_eos``, ``timeout_s`` (per-request deadline, s), ``read``
     (:data:`ReadConfig`), ``action`` (:data:`ActionConfig` or ``None``), ``rcvbuf_bytes``
     (``SO_RCVBUF`` before connect, ``None`` = kernel default), ``timestamps`` (``"kernel"``:
     full-speed reads stamped with the kernel's arrival time; ``"read"``: when ``recv``
@@ -89,8 +98,8 @@ class StreamingUser(User):
 
     model: ClassVar[str] = ""
     endpoint: ClassVar[Endpoint] = "completions"
-    prompt_tokens: ClassVar[int] = 32
-    max_tokens: ClassVar[int] = 128
+    prompt_tokens: ClassVar[int | LengthBase] = 32
+    max_tokens: ClassVar[int | LengthBase] = 128
     ignore_eos: ClassVar[bool] = True
     timeout_s: ClassVar[float] = 120.0
     read: ClassVar[ReadConfig | dict[str, Any]] = FullSpeed()
@@ -123,17 +132,21 @@ class StreamingUser(User):
         path = cls.records_path or os.environ.get(RECORDS_ENV) or DEFAULT_RECORDS_PATH
         self._zw_records = _writer(Path(path))
 
-    def request_spec(self) -> RequestSpec:
-        """The spec of this user's next request (deterministic prompt per user and request)."""
+    def request_spec(self, seed: int | None = None, **extra: Any) -> RequestSpec:
+        """The spec of this user's next request (deterministic prompt per user and request,
+        or from ``seed``); ``extra`` sets more :class:`RequestSpec` fields."""
         cls = type(self)
-        seed = prompt_seed(cls.seed, self._zw_group, self._zw_index, self._zw_sent)
+        if seed is None:
+            seed = prompt_seed(cls.seed, self._zw_group, self._zw_index, self._zw_sent)
+        lengths = random.Random(prompt_seed(seed, "lengths"))
+        prompt_tokens = draw_tokens(cls.prompt_tokens, lengths)
         return RequestSpec(
             host=str(self.host),
             model=cls.model,
-            prompt=build_prompt(cls.prompt_tokens, seed),
-            prompt_tokens=cls.prompt_tokens,
+            prompt=build_prompt(prompt_tokens, seed),
+            prompt_tokens=prompt_tokens,
             endpoint=cls.endpoint,
-            max_tokens=cls.max_tokens,
+            max_tokens=draw_tokens(cls.max_tokens, lengths),
             ignore_eos=cls.ignore_eos,
             timeout_s=cls.timeout_s,
             read=self._zw_read,
@@ -143,6 +156,7 @@ class StreamingUser(User):
             user_class=cls.__name__,
             group=self._zw_group,
             network_profile=cls.network_profile,
+            **extra,
         )
 
     @task
@@ -214,30 +228,124 @@ class SlowReaderUser(StreamingUser):
     rcvbuf_bytes: ClassVar[int | None] = 4096
 
 
+class OpenLoopUser(StreamingUser):
+    """Sends its group's requests on an open-loop schedule (``arrival``, see
+    ``loadgen._arrivals``) instead of one after another: each at its deadline in a greenlet of
+    its own, at most ``arrival.max_concurrency`` in flight. It is a dispatcher, not a
+    simulated user: one per load process. Of a schedule shared by ``schedule_processes``
+    processes (Locust workers) it sends the share of its worker index; a second dispatcher in
+    the same process sends nothing. Each request's prompt is seeded by its position in the
+    whole schedule, so a schedule sends the same prompts however it is split. Same attributes
+    as :class:`StreamingUser`, plus ``arrival`` and ``schedule_processes``.
+    """
+
+    abstract = True
+    arrival: ClassVar[ArrivalBase | None] = None
+    schedule_processes: ClassVar[int] = 1
+    _zw_dispatching: ClassVar[set[str]] = set()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._zw_pool = Group()
+
+    def _share_index(self) -> int:
+        runner = self.environment.runner
+        index = getattr(runner, "worker_index", 0) if runner is not None else 0
+        return max(0, int(index))
+
+    @task
+    def run_schedule(self) -> None:
+        """Send this process's share of the schedule, wait for every request, stop."""
+        cls = type(self)
+        if cls.arrival is None:
+            raise ValueError(f"{cls.__name__}.arrival is not set")
+        if self._zw_group in OpenLoopUser._zw_dispatching:
+            raise StopUser()  # one dispatcher per process and group
+        OpenLoopUser._zw_dispatching.add(self._zw_group)
+        index = self._share_index()
+        if index >= cls.schedule_processes:
+            logging.getLogger(__name__).error(
+                "group %s: worker index %d has no share of a schedule split %d ways",
+                self._zw_group, index, cls.schedule_processes,
+            )  # fmt: skip
+            raise StopUser()
+        offsets = cls.arrival.schedule(prompt_seed(cls.seed, self._zw_group, "arrivals"))
+        cap = cls.arrival.max_concurrency
+        slots = BoundedSemaphore(cap) if cap is not None else None
+        t0 = time.monotonic()
+        for position, offset in share(offsets, index, cls.schedule_processes):
+            deadline = t0 + offset
+            if (wait := deadline - time.monotonic()) > 0:
+                gevent.sleep(wait)
+            if slots is not None:
+                slots.acquire()
+            self._zw_pool.spawn(self._send_scheduled, position, deadline, slots)
+        self._zw_pool.join()
+        raise StopUser()
+
+    def _send_scheduled(self, position: int, deadline: float, slots: Any) -> None:
+        cls = type(self)
+        try:
+            spec = self.request_spec(
+                seed=prompt_seed(cls.seed, self._zw_group, "request", position),
+                t_scheduled=deadline,
+                schedule_index=position,
+            )
+            self._zw_sent += 1
+            record = stream_request(spec, on_interrupt=self._zw_records.write)
+            self._zw_records.write(record)
+            self.report(record)
+        finally:
+            if slots is not None:
+                slots.release()
+
+    def on_stop(self) -> None:
+        """Locust stops the user (``--run-time``, SIGTERM): end the requests in flight (each is
+        recorded as interrupted)."""
+        self._zw_pool.kill(block=True, timeout=5)
+
+
+# Locust adds the tasks of every base class to a subclass's: without this, the closed loop's
+# ``stream_once`` would run beside the schedule.
+OpenLoopUser.tasks = [OpenLoopUser.run_schedule]
+
+
 def _class_name(group_name: str) -> str:
     name = re.sub(r"\W+", "_", group_name).strip("_") or "Group"
     return name if not name[0].isdigit() else f"G_{name}"
 
 
 def user_class_from_config(
-    group: UserGroupConfig, *, host: str, model: str, records_path: Path, seed: int
+    group: UserGroupConfig,
+    *,
+    host: str,
+    model: str,
+    records_path: Path,
+    seed: int,
+    processes: int = 1,
 ) -> type[User]:
-    """A concrete Locust user class for ``group``: ``fixed_count = group.users``.
+    """A concrete Locust user class for ``group``: ``fixed_count = group.users`` (closed loop)
+    or one dispatcher per load process (open loop, ``processes`` of them sharing its schedule).
 
-    The base is :class:`SlowReaderUser` when the group paces reads, sets ``rcvbuf_bytes`` or
-    has an action, else :class:`StreamingUser`; every field of ``group`` overrides the base's
-    defaults. The class name is ``group.name`` made an identifier. ``records_path``: the
-    JSON-lines file the records are appended to.
+    The base is :class:`OpenLoopUser` for an open-loop group, else :class:`SlowReaderUser` when
+    the group paces reads, sets ``rcvbuf_bytes`` or has an action, else
+    :class:`StreamingUser`; every field of ``group`` overrides the base's defaults. The class
+    name is ``group.name`` made an identifier. ``records_path``: the JSON-lines file the
+    records are appended to.
     """
     slow = isinstance(group.read, Paced) or group.rcvbuf_bytes is not None or group.action
     base: type[StreamingUser] = SlowReaderUser if slow else StreamingUser
+    extra: dict[str, Any] = {}
+    if group.arrival is not None:
+        base = OpenLoopUser
+        extra = {"arrival": group.arrival, "schedule_processes": processes}
     attrs: dict[str, Any] = {
         "__module__": __name__,
-        "__doc__": f"User group {group.name!r} ({group.users} users).",
+        "__doc__": f"User group {group.name!r}.",
         "abstract": False,
         "host": host,
         "model": model,
-        "fixed_count": group.users,
+        "fixed_count": group.locust_users(processes),
         "wait_time": constant(group.wait_s),
         "requests_per_user": group.requests_per_user,
         "group_name": group.name,
@@ -253,5 +361,6 @@ def user_class_from_config(
         "timestamps": group.timestamps,
         "records_path": Path(records_path),
         "seed": seed,
+        **extra,
     }
     return type(_class_name(group.name), (base,), attrs)

@@ -9,7 +9,8 @@ the environment variable ``ZW_GROUP_CONFIG``). Locust collects user classes when
 this file, before it parses the command line, so the path is read from ``sys.argv`` here and
 the option is also declared to Locust's parser so that it is accepted.
 
-The process quits by itself once every user has sent its ``requests_per_user`` requests, and
+The process quits by itself once every user has sent its ``requests_per_user`` requests (an
+open-loop group: once its schedule is sent and answered), and
 exits 0 even if requests failed (failures are data: see the records file); it exits non-zero
 only if user code raised. Without a configuration it defines no user class and Locust says so.
 
@@ -111,19 +112,26 @@ def install_group(namespace: dict[str, Any], run: GroupRunConfig) -> None:
 
     In a worker process (``ZW_WORKER_NAME`` set) the records go to the worker's own file
     ``records-<group>@<worker>.jsonl`` in ``ZW_WORKER_DIR`` instead of ``run.records_path``,
-    and the prompt seed is derived from ``run.seed`` and the worker name (prompts stay
-    deterministic, and differ between workers).
+    and, in a closed loop, the prompt seed is derived from ``run.seed`` and the worker name
+    (prompts stay deterministic, and differ between workers); an open-loop schedule is split
+    ``run.processes`` ways by worker index.
     Raises ``ValueError`` for an invalid worker name.
     """
     worker = this_worker()
     records, seed = run.records_path, run.seed
     if worker is not None:
         records = group_file(worker.out_dir, "records", run.group.name, worker.name)
-        # User indices restart at 0 in every worker: without this, user 0 of every worker
-        # would send the same prompts (and hit a prefix cache that one process would not).
-        seed = prompt_seed(run.seed, "worker", worker.name)
+        if not run.group.open_loop:  # open loop: prompts follow the schedule's positions
+            # User indices restart at 0 in every worker: without this, user 0 of every worker
+            # would send the same prompts (and hit a prefix cache that one process would not).
+            seed = prompt_seed(run.seed, "worker", worker.name)
     cls = user_class_from_config(
-        run.group, host=run.host, model=run.model, records_path=records, seed=seed
+        run.group,
+        host=run.host,
+        model=run.model,
+        records_path=records,
+        seed=seed,
+        processes=run.processes,
     )
     # Locust picks up every non-abstract User class among the locustfile's globals, so the
     # class must be bound under exactly one name.

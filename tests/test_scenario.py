@@ -101,10 +101,18 @@ def test_missing_field_points_at_its_group_and_union_fields_keep_their_name():
     text = GOOD.replace("requests_per_user = 1\n\n[[groups]]", "request_per_user = 1\n\n[[groups]]")
     with pytest.raises(ScenarioError) as exc:
         parse_scenario(text, path=Path("bad.toml"))
+    line = next(i for i, t in enumerate(text.splitlines(), 1) if t.startswith("request_per_user"))
+    assert (
+        f"bad.toml:{line}: field 'groups.0.request_per_user' (group 'fast'): Extra inputs are "
+        "not permitted (got 1) (did you mean 'requests_per_user'?)" in str(exc.value)
+    )
+    text = GOOD.replace("requests_per_user = 1\n\n[[groups]]", "\n[[groups]]")
+    with pytest.raises(ScenarioError) as exc:
+        parse_scenario(text, path=Path("bad.toml"))
     first_group = text.splitlines().index("[[groups]]") + 1
     assert (
-        f"bad.toml:{first_group}: field 'groups.0.requests_per_user' (group 'fast'): Field required"
-        in str(exc.value)
+        f"bad.toml:{first_group}: field 'groups.0' (group 'fast'): Value error, "
+        "requests_per_user is required (or an arrival" in str(exc.value)
     )
     with pytest.raises(ScenarioError, match=r"field 'target.url': .*http://"):
         parse_scenario(GOOD.replace("http://127.0.0.1:9", "ftp://x"), path=Path("bad.toml"))

@@ -120,6 +120,13 @@ class Registry(Generic[M]):
         return validated
 
     def _validate(self, value: Any, handler: Any) -> M:
+        return self.validate_value(value)
+
+    def validate_value(self, value: Any) -> M:
+        """Validate a field's value (a mapping with a ``kind``, or a model instance) for a
+        pydantic validator of a field that holds this family (``Registry.validator`` is one;
+        a field that also takes another form calls this for the table form): raises pydantic's
+        errors, those of a bad field at its own location (see :func:`relocated_errors`)."""
         if not isinstance(value, BaseModel | Mapping):
             raise PydanticCustomError(
                 "model_type", "expected a table with a `kind`; valid kinds: {kinds}",

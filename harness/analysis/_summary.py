@@ -82,7 +82,29 @@ def summarize_group(name: str, requests: pd.DataFrame, chunks: pd.DataFrame) -> 
             int((req["timestamps"] == "kernel").sum()) if "timestamps" in req else 0
         ),
         read_lag_max_ms=_maybe(req["read_lag_max_ms"].max()) if "read_lag_max_ms" in req else None,
+        **_open_loop_figures(req),
     )
+
+
+def _open_loop_figures(req: pd.DataFrame) -> dict[str, float | None]:
+    """Send lag, sent rate and latencies from the scheduled send of an open-loop group's
+    requests (all ``None`` in a closed loop)."""
+    if "t_scheduled" not in req or not req["t_scheduled"].notna().any():
+        return {}
+    lag = req["send_lag_ms"].dropna()
+    ttft, e2e = req["ttft_from_scheduled_ms"].dropna(), req["e2e_from_scheduled_ms"].dropna()
+    sends = req["t_send"].dropna()
+    span = float(sends.max() - sends.min()) if len(sends) > 1 else 0.0
+    return {
+        "send_lag_p50_ms": percentile(lag, 50),
+        "send_lag_p99_ms": percentile(lag, 99),
+        "send_lag_max_ms": _maybe(lag.max()) if len(lag) else None,
+        "sent_rps": (len(sends) - 1) / span if span > 0 else None,
+        "ttft_from_scheduled_p50_ms": percentile(ttft, 50),
+        "ttft_from_scheduled_p99_ms": percentile(ttft, 99),
+        "e2e_from_scheduled_p50_ms": percentile(e2e, 50),
+        "e2e_from_scheduled_p99_ms": percentile(e2e, 99),
+    }
 
 
 def summarize_server(

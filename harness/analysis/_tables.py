@@ -24,6 +24,8 @@ REQUEST_COLUMNS = [
     "action", "t_action", "t_stall", "t_cut_seen", "cut_kind", "stall_to_cut_ms",
     "server_send_q_peak_bytes", "server_rwnd_limited_ms", "server_sndbuf_limited_ms",
     "server_retransmits", "stream_id", "timestamps", "read_lag_max_ms",
+    "t_scheduled", "schedule_index", "send_lag_ms", "ttft_from_scheduled_ms",
+    "e2e_from_scheduled_ms",
 ]  # fmt: skip
 # Per-request figures from the server's socket samples: column -> (sockets column, aggregate).
 SERVER_SOCKET_FIGURES = {
@@ -81,7 +83,10 @@ def requests_frame(records: list[RequestRecord], sockets: pd.DataFrame) -> pd.Da
     request's send and its end (1 s slack each side, so a reused port is not mixed up):
     the peak Send-Q, and the largest ``rwnd_limited_ms``, ``sndbuf_limited_ms`` and
     ``retransmits`` (the kernel's per-connection totals; a connection carries one request).
-    NaN when no sample matched."""
+    NaN when no sample matched. Open loop: ``t_scheduled`` (the schedule's deadline),
+    ``schedule_index`` (the request's position in the whole schedule; ``<NA>`` in a closed loop),
+    ``send_lag_ms`` (``t_send`` minus it), and TTFT and end-to-end latency counted from it
+    (``ttft_from_scheduled_ms``, ``e2e_from_scheduled_ms``); NaN in a closed loop."""
     rows: list[dict[str, Any]] = []
     for r in records:
         token_times = [c.t for c in r.chunks if c.tokens > 0]
@@ -100,13 +105,20 @@ def requests_frame(records: list[RequestRecord], sockets: pd.DataFrame) -> pd.Da
             stall_s=_stall_s(r),
             t_stall=(t_stall := _stall_onset(r)),
             stall_to_cut_ms=_ms(t_stall, r.t_cut_seen),
+            send_lag_ms=_ms(r.t_scheduled, r.t_send),
+            ttft_from_scheduled_ms=_ms(r.t_scheduled, r.t_first_token),
+            e2e_from_scheduled_ms=_ms(r.t_scheduled, r.t_end or r.t_last_byte),
         )
         rows.append(row)
     frame = pd.DataFrame(
         rows, columns=[c for c in REQUEST_COLUMNS if c not in SERVER_SOCKET_FIGURES]
     )
-    for col in ("t_action", "t_stall", "t_cut_seen", "stall_to_cut_ms", "read_lag_max_ms"):
+    for col in (
+        "t_action", "t_stall", "t_cut_seen", "stall_to_cut_ms", "read_lag_max_ms",
+        "t_scheduled", "send_lag_ms", "ttft_from_scheduled_ms", "e2e_from_scheduled_ms",
+    ):  # fmt: skip
         frame[col] = frame[col].astype(float)
+    frame["schedule_index"] = frame["schedule_index"].astype("Int64")
     figures = _server_socket_figures(frame, sockets)
     frame = frame.merge(figures, on="request_id", how="left")
     return frame[REQUEST_COLUMNS]

@@ -230,19 +230,21 @@ def start_distributed_load(
         records_path=group_file(run_dir, "records", group.name, None),
         seed=seed,
         plugins=plugins or [],
+        processes=expected,
     )
     (run_dir / f"group-{group.name}.json").write_text(run.model_dump_json(indent=2))
     locustfile = run_dir / f"locustfile-{group.name}.py"
     locustfile.write_text(locustfile_source(run))
     bind_host, port = master_bind
     port = port or _free_port(bind_host)
+    users = str(group.locust_users(expected))  # open loop: one dispatcher per worker
     master_argv = [
         *_locust(), "-f", str(locustfile),
         "--master", "--master-bind-host", bind_host, "--master-bind-port", str(port),
         "--expect-workers", str(expected),
         "--expect-workers-max-wait", str(EXPECT_WORKERS_MAX_WAIT_S),
         "--headless", "--host", host,
-        "-u", str(group.users), "-r", str(group.users),
+        "-u", users, "-r", users,
         "--run-time", f"{max(1, int(max_duration_s))}s",
         "--stop-timeout", "5", "--only-summary",
         "--json-file", str(run_dir / f"locust-stats-{group.name}"),

@@ -142,6 +142,16 @@ class GroupSummary(BaseModel):
     # read carried the kernel's arrival time, and the longest a kernel-stamped read waited.
     requests_kernel_stamped: int = 0
     read_lag_max_ms: float | None = None
+    # Open loop (``arrival``): the client's send lag (t_send - t_scheduled), the rate it sent
+    # at, and latencies counted from the scheduled send (free of coordinated omission).
+    send_lag_p50_ms: float | None = None
+    send_lag_p99_ms: float | None = None
+    send_lag_max_ms: float | None = None
+    sent_rps: float | None = None
+    ttft_from_scheduled_p50_ms: float | None = None
+    ttft_from_scheduled_p99_ms: float | None = None
+    e2e_from_scheduled_p50_ms: float | None = None
+    e2e_from_scheduled_p99_ms: float | None = None
 
 
 class ServerSummary(BaseModel):

@@ -3,6 +3,7 @@ problem located at its file, line and field."""
 
 from __future__ import annotations
 
+import difflib
 import re
 import tomllib
 from collections.abc import Mapping
@@ -12,6 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from harness.scenario._models import Scenario
+from loadgen import UserGroupConfig
 from zwcore import ScenarioError, load_plugins, relocated_errors, resolve_plugins
 
 
@@ -97,8 +99,22 @@ def _format_errors(path: Path, text: str, error: ValidationError) -> str:
             and not isinstance(err["input"], dict | list)
         ):
             got = f" (got {err['input']!r})"
-        out.append(f"{where}: field {label}: {err['msg']}{got}")
+        out.append(f"{where}: field {label}: {err['msg']}{got}{_did_you_mean(err, loc)}")
     return "\n".join(out)
+
+
+def _did_you_mean(err: Any, loc: tuple[Any, ...]) -> str:
+    """For a misspelt field of the scenario itself or of a group: the field meant."""
+    if err["type"] != "extra_forbidden" or not loc:
+        return ""
+    if len(loc) == 1:
+        fields = list(Scenario.model_fields)
+    elif len(loc) == 3 and loc[0] == "groups":
+        fields = list(UserGroupConfig.model_fields)
+    else:
+        return ""
+    close = difflib.get_close_matches(str(loc[-1]), fields, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _merge(data: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:

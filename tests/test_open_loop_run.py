@@ -1,0 +1,124 @@
+"""Open-loop groups in real runs on the engine emulator: the requests go out on the schedule
+(Kolmogorov-Smirnov against the requested Poisson rate, on the gaps actually sent), the
+seed's schedule is the one sent, the summary reports send lag and latencies from the
+scheduled send, and with two Locust workers the schedule is split with no request lost or
+sent twice."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from harness.lifecycle import Distribution
+from harness.lifecycle._run import run_scenario
+from harness.scenario import Scenario
+from loadgen import ARRIVALS, prompt_seed
+
+RATE_RPS = 20.0
+
+
+def _scenario(arrival: dict, *, name: str = "open-loop", **lengths: object) -> Scenario:
+    return Scenario.model_validate(
+        {
+            "name": name,
+            "seed": 3,
+            "max_duration_s": 60,
+            "cooldown_s": 0.5,
+            "target": {
+                "kind": "sim",
+                "engine": {"step_fixed_ms": 2.0, "decode_ms_per_seq": 0.05, "num_blocks": 1024,
+                           "max_num_seqs": 64},
+            },  # fmt: skip
+            "groups": [
+                {"name": "arrivals", "arrival": arrival, "prompt_tokens": 8, "max_tokens": 8,
+                 **lengths}
+            ],  # fmt: skip
+        }
+    )
+
+
+def _sent(result) -> pd.DataFrame:
+    requests = pd.read_parquet(result.run_dir / "requests.parquet")
+    return requests[requests["group"] == "arrivals"].sort_values("schedule_index")
+
+
+LENGTHS = {
+    "prompt_tokens": {"kind": "uniform", "min": 4, "max": 32},
+    "max_tokens": {"kind": "lognormal", "mean": 16, "stdev": 8, "max": 64},
+}
+
+
+@pytest.fixture(scope="module")
+def poisson_run(tmp_path_factory: pytest.TempPathFactory):
+    arrival = {"kind": "poisson", "rate_rps": RATE_RPS, "duration_s": 10}
+    return run_scenario(
+        _scenario(arrival, **LENGTHS), out_root=tmp_path_factory.mktemp("open-loop")
+    )
+
+
+def test_the_gaps_sent_pass_a_ks_test_against_the_requested_rate(poisson_run):
+    assert poisson_run.exit_code == 0, poisson_run.summary.failure
+    sent = _sent(poisson_run)
+    assert len(sent) > 100 and set(sent["outcome"]) == {"complete"}
+    gaps = np.diff(np.sort(sent["t_send"].to_numpy()))
+    assert stats.kstest(gaps, "expon", args=(0, 1 / RATE_RPS)).pvalue > 0.01
+
+
+def test_the_seeds_schedule_is_the_one_sent(poisson_run):
+    sent = _sent(poisson_run)
+    scenario = _scenario({"kind": "poisson", "rate_rps": RATE_RPS, "duration_s": 10}, **LENGTHS)
+    offsets = ARRIVALS.parse(scenario.groups[0].arrival).schedule(
+        prompt_seed(scenario.seed, "arrivals", "arrivals")
+    )
+    assert list(sent["schedule_index"]) == list(range(len(offsets)))
+    scheduled = sent["t_scheduled"].to_numpy()
+    assert np.allclose(scheduled - scheduled[0], offsets, atol=1e-6)
+    lag_ms = sent["send_lag_ms"]
+    assert (lag_ms >= 0).all() and lag_ms.median() < 50  # generous: a shared 2-core machine
+    [group] = poisson_run.summary.groups
+    assert group.send_lag_p99_ms is not None and group.send_lag_p99_ms >= group.send_lag_p50_ms
+    assert group.sent_rps == pytest.approx(RATE_RPS, rel=0.3)
+    assert group.ttft_from_scheduled_p50_ms is not None and group.ttft_p50_ms is not None
+    assert group.ttft_from_scheduled_p50_ms >= group.ttft_p50_ms
+
+
+def test_a_concurrency_ceiling_makes_late_requests_wait(tmp_path):
+    # 40 requests at once, 4 at a time, each ~0.1 s: most of them wait for a slot.
+    arrival = {"kind": "constant", "rate_rps": 1000, "requests": 40, "max_concurrency": 4}
+    scenario = _scenario(arrival, name="ceiling")
+    engine = scenario.target.engine.model_copy(update={"step_fixed_ms": 10.0})  # type: ignore[union-attr]
+    scenario = scenario.model_copy(
+        update={"target": scenario.target.model_copy(update={"engine": engine})}
+    )
+    result = run_scenario(scenario, out_root=tmp_path)
+    assert result.exit_code == 0, result.summary.failure
+    sent = _sent(result)
+    assert len(sent) == 40
+    assert sent["send_lag_ms"].max() > 500  # the last ones waited for nine rounds
+    [group] = result.summary.groups
+    assert group.ttft_from_scheduled_p99_ms > 5 * group.ttft_p99_ms
+
+
+def test_two_workers_split_the_schedule_without_loss_or_duplicate(tmp_path):
+    arrival = {"kind": "poisson", "rate_rps": 40, "requests": 60}
+    result = run_scenario(
+        _scenario(arrival, name="split"), out_root=tmp_path, distribution=Distribution(2)
+    )
+    assert result.exit_code == 0, result.summary.failure
+    sent = _sent(result)
+    assert sorted(sent["schedule_index"]) == list(range(60))
+    records = {p.name: len(p.read_text().splitlines()) for p in result.run_dir.glob("records-*")}
+    assert sorted(records) == ["records-arrivals@w1.jsonl", "records-arrivals@w2.jsonl"]
+    assert sorted(records.values()) == [30, 30]
+
+
+def test_lengths_are_drawn_per_request_and_the_output_is_held_to_them(poisson_run):
+    sent = _sent(poisson_run)
+    prompts, outputs = sent["prompt_tokens_requested"], sent["max_tokens"]
+    assert prompts.between(4, 32).all() and prompts.nunique() > 10
+    assert outputs.between(1, 64).all() and outputs.nunique() > 10
+    assert outputs.mean() == pytest.approx(16, rel=0.25)
+    # ignore_eos (the default): the engine generates exactly what was asked.
+    assert (sent["completion_tokens"] == outputs).all()
