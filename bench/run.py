@@ -19,7 +19,7 @@ from pathlib import Path
 from _probe_bench import run_trials as run_probe_trials  # bench/ is sys.path[0]
 
 from harness._sim._bench import run_benchmark
-from harness.benchmarks import run_client_bench, run_proxy_bench, run_slow
+from harness.benchmarks import run_client_bench, run_proxy_bench, run_send_lag, run_slow
 from harness.benchmarks._render import (
     client_cells,
     markdown_table,
@@ -233,6 +233,39 @@ def _itl_sections() -> list[str]:
     ]
 
 
+SEND_LAG_TARGET_P99_MS, SEND_LAG_RATE_RPS = 5.0, 50.0
+
+
+def _openloop_section() -> list[str]:
+    load = _load()
+    r = run_send_lag(rate_rps=SEND_LAG_RATE_RPS)
+    met = "met" if r.send_lag_p99_ms < SEND_LAG_TARGET_P99_MS else "missed"
+    return [
+        "## Load generator: open-loop send lag of one load process",
+        "",
+        f"Target: send lag p99 under {SEND_LAG_TARGET_P99_MS:g} ms at "
+        f"{SEND_LAG_RATE_RPS:g} requests/s from one load process. One Locust process runs the "
+        "toolkit's locustfile with an open-loop group (`arrival = { kind = \"poisson\", "
+        f"rate_rps = {SEND_LAG_RATE_RPS:g}, duration_s = 30 }}`), pinned to core 1, against the "
+        "bench SSE server on core 0; each request is answered with 20 chunks 10 ms apart "
+        "(~0.2 s, about 10 streams open at a time). Send lag: each request's `t_send` "
+        "(when the client began to connect) minus `t_scheduled` (its deadline in the "
+        "schedule); loop lag: the gevent hub's p99 while the schedule ran.",
+        "",
+        f"Command: `{r.command}`",
+        "",
+        load,
+        "",
+        "| rate req/s | requests | sent req/s | send lag p50 ms | p99 ms | max ms "
+        "| loop lag p99 ms | target met |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        f"| {r.rate_rps:g} | {r.requests:,} | {_n(r.sent_rps, 1)} | {_n(r.send_lag_p50_ms, 2)} "
+        f"| {_n(r.send_lag_p99_ms, 2)} | {_n(r.send_lag_max_ms, 2)} | "
+        f"{_n(r.loop_lag_p99_ms, 2)} | {met} |",
+        "",
+    ]
+
+
 PROBE_TARGET_SLOWDOWN_PCT = 2.0
 
 
@@ -298,6 +331,7 @@ SECTIONS = {
     "slow": _slow_section,
     "itl": _itl_sections,
     "probe": _probe_section,
+    "openloop": _openloop_section,
 }
 
 

@@ -14,7 +14,14 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from harness.benchmarks._client_bench import ItlResult, SlowResult, run_itl, run_slow
+    from harness.benchmarks._client_bench import (
+        ItlResult,
+        SendLagResult,
+        SlowResult,
+        run_itl,
+        run_send_lag,
+        run_slow,
+    )
     from harness.benchmarks._client_check import ClientBench, run_client_bench, vllm_missing
     from harness.benchmarks._common import BenchError, BenchInterrupted, Machine, Verdict
     from harness.benchmarks._proxy_bench import (
@@ -37,11 +44,13 @@ _LAZY = {
     "ProxyBench": "harness.benchmarks._proxy_bench",
     "ProxyResult": "harness.benchmarks._proxy_bench",
     "ProxyWorkload": "harness.benchmarks._proxy_bench",
+    "SendLagResult": "harness.benchmarks._client_bench",
     "SlowResult": "harness.benchmarks._client_bench",
     "Verdict": "harness.benchmarks._common",
     "run_client_bench": "harness.benchmarks._client_check",
     "run_itl": "harness.benchmarks._client_bench",
     "run_proxy_bench": "harness.benchmarks._proxy_bench",
+    "run_send_lag": "harness.benchmarks._client_bench",
     "run_slow": "harness.benchmarks._client_bench",
     "vllm_missing": "harness.benchmarks._client_check",
 }
@@ -56,11 +65,13 @@ __all__ = [
     "ProxyBench",
     "ProxyResult",
     "ProxyWorkload",
+    "SendLagResult",
     "SlowResult",
     "Verdict",
     "run_client_bench",
     "run_itl",
     "run_proxy_bench",
+    "run_send_lag",
     "run_slow",
     "vllm_missing",
 ]

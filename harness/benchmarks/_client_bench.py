@@ -100,11 +100,14 @@ class SseServer:
 
 def _group_config(
     path: Path, *, port: int, streams: int, events: int, read: dict[str, Any],
-    rcvbuf: int | None, timestamps: str = "kernel",
+    rcvbuf: int | None, timestamps: str = "kernel", arrival: dict[str, Any] | None = None,
 ) -> None:  # fmt: skip
+    loop: dict[str, Any] = (
+        {"arrival": arrival} if arrival else {"users": streams, "requests_per_user": 1}
+    )
     config = {
         "group": {
-            "name": "bench", "users": streams, "requests_per_user": 1, "prompt_tokens": 1,
+            "name": "bench", **loop, "prompt_tokens": 1,
             "max_tokens": events, "timeout_s": 3600, "read": read, "rcvbuf_bytes": rcvbuf,
             "timestamps": timestamps,
         },
@@ -240,6 +243,68 @@ def run_slow(
             read_rate_p50_bytes_per_s=percentile(rates, 50),
             window_s=w1 - w0,
             ramp_s=ramp_done_s,
+        )
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@dataclass
+class SendLagResult:
+    """How close one load process keeps an open-loop schedule: the send lag
+    (``t_send - t_scheduled``, ms) over every request, and the rate it sent at."""
+
+    rate_rps: float
+    requests: int
+    sent_rps: float
+    send_lag_p50_ms: float
+    send_lag_p99_ms: float
+    send_lag_max_ms: float
+    loop_lag_p99_ms: float
+    command: str
+
+
+def run_send_lag(
+    *, rate_rps: float = 50.0, duration_s: float = 30.0, events: int = 20, interval_ms: float = 10
+) -> SendLagResult:
+    """Send a Poisson schedule of ``rate_rps`` requests/s for ``duration_s`` from one Locust
+    process (the toolkit's locustfile, pinned to the client CPU) to the bench SSE server (the
+    other CPU), each answered with ``events`` chunks ``interval_ms`` apart, and measure how late
+    each request left against its deadline. Raises :class:`BenchError` if no record came."""
+    workdir = Path(tempfile.mkdtemp(prefix="zw-bench-send-lag-"))
+    arrival = {"kind": "poisson", "rate_rps": rate_rps, "duration_s": duration_s}
+    try:
+        with Children() as children:
+            server = SseServer(children, events=events, interval_ms=interval_ms)
+            _group_config(
+                workdir / "group.json", port=server.port, streams=1, events=events,
+                read={"kind": "full_speed"}, rcvbuf=None, arrival=arrival,
+            )  # fmt: skip
+            argv, env = _locust(workdir, users=1, spawn_rate=1, run_time_s=int(duration_s + 60))
+            with open(workdir / "locust.log", "wb") as log:
+                proc = children.start(
+                    argv, env=env, cwd=workdir, stdout=log, stderr=subprocess.STDOUT
+                )
+            children.wait(proc, timeout_s=duration_s + 90)
+        path = workdir / "records-bench.jsonl"
+        lines = path.read_text().splitlines() if path.exists() else []
+        records = [json.loads(line) for line in lines]
+        if not records:
+            raise BenchError(f"Locust wrote no records: {_last_line(workdir / 'locust.log')}")
+        lags = [(r["t_send"] - r["t_scheduled"]) * 1000.0 for r in records]
+        sends = sorted(r["t_send"] for r in records)
+        window = (sends[0], sends[-1])
+        return SendLagResult(
+            rate_rps=rate_rps,
+            requests=len(records),
+            sent_rps=(len(sends) - 1) / (window[1] - window[0]) if len(sends) > 1 else math.nan,
+            send_lag_p50_ms=percentile(lags, 50),
+            send_lag_p99_ms=percentile(lags, 99),
+            send_lag_max_ms=max(lags),
+            loop_lag_p99_ms=_lag_p99(workdir / "saturation-bench.jsonl", window),
+            command=(
+                f"python bench/run.py --only openloop  # Poisson {rate_rps:g} requests/s for "
+                f"{duration_s:g} s, {events} chunks {interval_ms:g} ms apart each"
+            ),
         )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
