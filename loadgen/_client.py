@@ -63,7 +63,8 @@ class RequestSpec:
     fires; ``"read"`` stamps every read when ``recv`` returned. ``user_class``, ``group`` and
     ``network_profile`` only label the record; ``t_scheduled`` (monotonic s), the deadline an
     open-loop schedule gave the request, and ``schedule_index``, its position in the whole
-    schedule, are recorded as is.
+    schedule, are recorded as is, and so is ``behaviour``, the name of the client-mix entry
+    the request was drawn as.
     """
 
     host: str
@@ -84,6 +85,7 @@ class RequestSpec:
     network_profile: str = "none"
     t_scheduled: float | None = None
     schedule_index: int | None = None
+    behaviour: str | None = None
 
 
 @dataclass(frozen=True)
@@ -515,6 +517,7 @@ def stream_request(
         t_send_wall=time.time(),
         t_scheduled=spec.t_scheduled,
         schedule_index=spec.schedule_index,
+        behaviour=spec.behaviour,
     )
     try:
         family, type_, proto, _, addr = socket.getaddrinfo(

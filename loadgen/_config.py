@@ -25,6 +25,35 @@ from ._reads import FullSpeed, ReadConfig
 SATURATION_ENV = "ZW_SATURATION"
 
 
+_NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]*$"
+
+
+class ClientMixEntry(BaseModel):
+    """One behaviour of a group's client mix: drawn for a request with probability ``weight``
+    over the sum of the weights. ``read``, ``action`` and ``rcvbuf_bytes`` default to the
+    group's; ``name`` (default: the read kind, then the action kind if any, joined by ``-``)
+    labels the requests (``requests.parquet``'s ``behaviour``) and their figures
+    (``<group>.<name>.<figure>``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str | None = Field(None, pattern=_NAME, max_length=64)
+    weight: float = Field(gt=0, description="relative weight (any positive number)")
+    read: ReadConfig | None = None
+    action: ActionConfig | None = None
+    rcvbuf_bytes: int | None = Field(None, ge=1)
+
+    def resolved(self, group: UserGroupConfig) -> ClientMixEntry:
+        """This entry with the group's defaults filled in and its name set."""
+        read = self.read or group.read
+        action = self.action if self.action is not None else group.action
+        name = self.name or "-".join([read.kind, *([action.kind] if action else [])])
+        rcvbuf = self.rcvbuf_bytes if self.rcvbuf_bytes is not None else group.rcvbuf_bytes
+        return self.model_copy(
+            update={"name": name, "read": read, "action": action, "rcvbuf_bytes": rcvbuf}
+        )
+
+
 class UserGroupConfig(BaseModel):
     """``users`` users, each sending ``requests_per_user`` streaming requests one after another
     (a closed loop), or, with ``arrival``, requests sent on an open-loop schedule (see
@@ -38,6 +67,9 @@ class UserGroupConfig(BaseModel):
     load process's scheduling stays out of TTFT and ITL; paced reads and reads after an action
     are always stamped when ``recv`` returns) or ``"read"`` (every read when it returned);
     ``action``: what the client does after N tokens (or ``None``).
+    ``mix``: a client mix, the behaviour (read, action, receive buffer) of each request drawn
+    from the seed by weight (:class:`ClientMixEntry`); the network profile stays the group's,
+    since the group's load process runs behind one link.
     ``network_profile``: label of the link the group's process runs behind (recorded as is).
     ``endpoint``: ``completions`` (``/v1/completions``) or ``chat`` (``/v1/chat/completions``).
     ``prompt_tokens``: approximate prompt length (words of a deterministic prompt);
@@ -72,6 +104,9 @@ class UserGroupConfig(BaseModel):
     read: ReadConfig = Field(default_factory=FullSpeed)
     timestamps: Literal["kernel", "read"] = "kernel"
     action: ActionConfig | None = None
+    mix: list[ClientMixEntry] = Field(
+        default_factory=list, description="behaviours drawn per request by weight"
+    )
     network_profile: str = "none"
     endpoint: Literal["completions", "chat"] = "completions"
     prompt_tokens: TokenCount = Field(
@@ -102,6 +137,20 @@ class UserGroupConfig(BaseModel):
                 )
         return self
 
+    @model_validator(mode="after")
+    def _mix_names_differ(self) -> UserGroupConfig:
+        names = [e.name for e in self.behaviours()]
+        if len(set(names)) < len(names):
+            raise ValueError(
+                f"mix: behaviour names must differ (got {', '.join(map(str, names))}): "
+                "give the entries a name"
+            )
+        return self
+
+    def behaviours(self) -> list[ClientMixEntry]:
+        """The mix's entries with the group's defaults filled in (empty without a mix)."""
+        return [e.resolved(self) for e in self.mix]
+
     @property
     def open_loop(self) -> bool:
         """Whether the group sends on an ``arrival`` schedule."""
@@ -114,15 +163,17 @@ class UserGroupConfig(BaseModel):
 
     @model_validator(mode="after")
     def _pause_fits_deadline(self) -> UserGroupConfig:
-        action = self.action
-        if isinstance(action, StopReading):
-            pause_s, what = action.hold_s, "stop_reading hold_s"
-        elif isinstance(action, Stall):
-            pause_s, what = action.stall_s, "stall stall_s"
-        else:
-            return self
-        if pause_s >= self.timeout_s:
-            raise ValueError(f"{what}={pause_s} must be shorter than timeout_s={self.timeout_s}")
+        for action in [self.action, *(e.action for e in self.mix)]:
+            if isinstance(action, StopReading):
+                pause_s, what = action.hold_s, "stop_reading hold_s"
+            elif isinstance(action, Stall):
+                pause_s, what = action.stall_s, "stall stall_s"
+            else:
+                continue
+            if pause_s >= self.timeout_s:
+                raise ValueError(
+                    f"{what}={pause_s} must be shorter than timeout_s={self.timeout_s}"
+                )
         return self
 
 

@@ -75,6 +75,7 @@ class RequestRecord:
     ``t_scheduled`` is when an open-loop schedule meant the request to be sent (``None`` in a
     closed loop); ``t_send - t_scheduled`` is the client's send lag; ``schedule_index`` the
     request's position in the whole schedule (every load process sending a share of it).
+    ``behaviour`` names the client-mix entry the request was drawn as (``None`` without a mix).
     """
 
     request_id: str
@@ -110,6 +111,7 @@ class RequestRecord:
     read_lag_max_ms: float | None = None
     t_scheduled: float | None = None
     schedule_index: int | None = None
+    behaviour: str | None = None
 
     @property
     def ttft_ms(self) -> float | None:

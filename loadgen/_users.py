@@ -43,7 +43,7 @@ from locust.exception import StopUser
 from ._actions import ACTIONS, ActionConfig
 from ._arrivals import ArrivalBase, share
 from ._client import RequestSpec, stream_request
-from ._config import UserGroupConfig
+from ._config import ClientMixEntry, UserGroupConfig
 from ._lengths import LengthBase, draw_tokens
 from ._openai import Endpoint
 from ._prompt import build_prompt, prompt_seed
@@ -83,7 +83,9 @@ class StreamingUser(User):
     ``max_tokens`` (each a number or a ``loadgen._lengths`` distribution, drawn per
     request), ``ignore_eos``, ``timeout_s`` (per-request deadline, s), ``read``
     (:data:`ReadConfig`), ``action`` (:data:`ActionConfig` or ``None``), ``rcvbuf_bytes``
-    (``SO_RCVBUF`` before connect, ``None`` = kernel default), ``timestamps`` (``"kernel"``:
+    (``SO_RCVBUF`` before connect, ``None`` = kernel default), ``mix`` (resolved
+    :class:`~loadgen._config.ClientMixEntry` items: each request's read, action and receive
+    buffer drawn from them by weight), ``timestamps`` (``"kernel"``:
     full-speed reads stamped with the kernel's arrival time; ``"read"``: when ``recv``
     returned; see :class:`RequestSpec`), ``requests_per_user`` (stop after
     that many, ``None`` = never), ``group_name`` (default: the class name), ``network_profile``,
@@ -105,6 +107,7 @@ class StreamingUser(User):
     read: ClassVar[ReadConfig | dict[str, Any]] = FullSpeed()
     action: ClassVar[ActionConfig | dict[str, Any] | None] = None
     rcvbuf_bytes: ClassVar[int | None] = None
+    mix: ClassVar[list[ClientMixEntry]] = []
     timestamps: ClassVar[Literal["kernel", "read"]] = "kernel"
     requests_per_user: ClassVar[int | None] = None
     group_name: ClassVar[str | None] = None
@@ -140,6 +143,13 @@ class StreamingUser(User):
             seed = prompt_seed(cls.seed, self._zw_group, self._zw_index, self._zw_sent)
         lengths = random.Random(prompt_seed(seed, "lengths"))
         prompt_tokens = draw_tokens(cls.prompt_tokens, lengths)
+        read, action, rcvbuf, behaviour = self._zw_read, self._zw_action, cls.rcvbuf_bytes, None
+        if cls.mix:
+            entry = random.Random(prompt_seed(seed, "mix")).choices(
+                cls.mix, weights=[e.weight for e in cls.mix]
+            )[0]
+            read = entry.read or read  # resolved entries carry the group's defaults
+            action, rcvbuf, behaviour = entry.action, entry.rcvbuf_bytes, entry.name
         return RequestSpec(
             host=str(self.host),
             model=cls.model,
@@ -149,9 +159,10 @@ class StreamingUser(User):
             max_tokens=draw_tokens(cls.max_tokens, lengths),
             ignore_eos=cls.ignore_eos,
             timeout_s=cls.timeout_s,
-            read=self._zw_read,
-            action=self._zw_action,
-            rcvbuf_bytes=cls.rcvbuf_bytes,
+            read=read,
+            action=action,
+            rcvbuf_bytes=rcvbuf,
+            behaviour=behaviour,
             timestamps=cls.timestamps,
             user_class=cls.__name__,
             group=self._zw_group,
@@ -358,6 +369,7 @@ def user_class_from_config(
         "read": group.read,
         "action": group.action,
         "rcvbuf_bytes": group.rcvbuf_bytes,
+        "mix": group.behaviours(),
         "timestamps": group.timestamps,
         "records_path": Path(records_path),
         "seed": seed,

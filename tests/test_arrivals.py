@@ -83,3 +83,25 @@ def test_group_errors_name_the_problem():
     group = UserGroupConfig(**base, arrival={"kind": "gamma", "rate_rps": 5, "duration_s": 2})
     assert group.open_loop and group.locust_users(3) == 3
     assert UserGroupConfig(**base, users=4, requests_per_user=1).locust_users(3) == 4
+
+
+def test_client_mix_entries_take_the_groups_defaults_and_need_distinct_names():
+    base = {"name": "g", "users": 1, "requests_per_user": 1, "rcvbuf_bytes": 4096}
+    group = UserGroupConfig(
+        **base,
+        mix=[  # fmt: skip
+            {"weight": 9},
+            {"weight": 1, "read": {"kind": "paced"},
+             "action": {"kind": "half_close", "after_tokens": 4}},
+        ],
+    )
+    full, paced = group.behaviours()
+    assert (full.name, full.read.kind, full.rcvbuf_bytes) == ("full_speed", "full_speed", 4096)
+    assert paced.name == "paced-half_close"
+    with pytest.raises(ValidationError, match="behaviour names must differ"):
+        UserGroupConfig(**base, mix=[{"weight": 1}, {"weight": 2}])
+    with pytest.raises(ValidationError, match="weight"):
+        UserGroupConfig(**base, mix=[{"weight": 0}])
+    with pytest.raises(ValidationError, match="hold_s=200.0 must be shorter than timeout_s"):
+        stop = {"kind": "stop_reading", "after_tokens": 1, "hold_s": 200}
+        UserGroupConfig(**base, mix=[{"weight": 1, "action": stop}])

@@ -122,3 +122,31 @@ def test_lengths_are_drawn_per_request_and_the_output_is_held_to_them(poisson_ru
     assert outputs.mean() == pytest.approx(16, rel=0.25)
     # ignore_eos (the default): the engine generates exactly what was asked.
     assert (sent["completion_tokens"] == outputs).all()
+
+
+def test_a_client_mix_draws_each_requests_behaviour_by_weight(tmp_path):
+    mix = [
+        {"weight": 3, "read": {"kind": "full_speed"}},
+        {"name": "stopper", "weight": 1,
+         "action": {"kind": "stop_reading", "after_tokens": 2, "hold_s": 1}},
+    ]  # fmt: skip
+    arrival = {"kind": "constant", "rate_rps": 50, "requests": 200}
+    scenario = _scenario(arrival, name="mix", mix=mix, max_tokens=64)
+    scenario = Scenario.model_validate(  # a behaviour's figures are gate figures
+        {**scenario.model_dump(mode="json"), "gates": ["arrivals.stopper.stalled >= 1"]}
+    )
+    result = run_scenario(scenario, out_root=tmp_path)
+    assert result.exit_code == 0, result.summary.failure
+    sent = _sent(result)
+    counts = sent["behaviour"].value_counts().to_dict()
+    assert set(counts) == {"full_speed", "stopper"}
+    assert counts["stopper"] == pytest.approx(50, abs=20)  # 1 in 4 of 200
+    stoppers = sent[sent["behaviour"] == "stopper"]
+    assert set(stoppers["action"]) == {"stop_reading"}
+    assert set(sent[sent["behaviour"] == "full_speed"]["outcome"]) == {"complete"}
+    groups = {g.group: g for g in result.summary.groups}
+    assert groups["arrivals"].requests == 200
+    assert groups["arrivals.stopper"].requests == counts["stopper"]
+    assert groups["arrivals.stopper"].stalled == counts["stopper"]
+    assert groups["arrivals.full_speed"].stalled == 0
+    assert [g.passed for g in result.gates] == [True]

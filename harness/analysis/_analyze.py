@@ -40,6 +40,7 @@ from harness.runfolder import (
     SERVER_METRICS,
     SOCKETS,
     SUMMARY_JSON,
+    GroupSummary,
     LoadWorker,
     RunSummary,
     kept_plugins,
@@ -227,7 +228,10 @@ def analyze(run_dir: Path, facts: RunFacts | None = None) -> Analysis:
         status=status,
         failure=failure,
         duration_s=facts.duration_s,
-        groups=[summarize_group(n, requests, chunks) for n in group_names(requests, groups)],
+        groups=[
+            *(summarize_group(n, requests, chunks) for n in group_names(requests, groups)),
+            *_behaviour_summaries(scenario, requests, chunks),
+        ],
         server=server,
         verdicts={
             "kv_held_by_undelivered_streams": combine_verdicts(
@@ -243,6 +247,23 @@ def analyze(run_dir: Path, facts: RunFacts | None = None) -> Analysis:
         load_workers=facts.load_workers,
     )
     return Analysis(summary=summary, requests=requests, chunks=chunks)
+
+
+def _behaviour_summaries(
+    scenario: Scenario, requests: pd.DataFrame, chunks: pd.DataFrame
+) -> list[GroupSummary]:
+    """One summary per client-mix behaviour of each group that has a mix, named
+    ``<group>.<behaviour>`` (so its figures are ``<group>.<behaviour>.<figure>``)."""
+    out = []
+    for group in scenario.groups:
+        for behaviour in group.behaviours():
+            name = f"{group.name}.{behaviour.name}"
+            mine = requests[
+                (requests["group"] == group.name) & (requests["behaviour"] == behaviour.name)
+            ]
+            theirs = chunks[chunks["request_id"].isin(mine["request_id"])]
+            out.append(summarize_group(name, mine.assign(group=name), theirs.assign(group=name)))
+    return out
 
 
 def write_analysis(run_dir: Path, analysis: Analysis) -> None:

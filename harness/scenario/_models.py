@@ -216,7 +216,10 @@ class Scenario(_Strict):
         groups = info.data.get("groups")
         if groups is None:  # the groups did not validate: that error is reported instead
             return gates
-        valid = figure_names(g.name for g in groups)
+        valid = figure_names(
+            [g.name for g in groups]
+            + [f"{g.name}.{b.name}" for g in groups for b in g.behaviours()]
+        )
         for gate in unknown_figures(gates, valid):
             close = difflib.get_close_matches(gate.figure, valid, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
