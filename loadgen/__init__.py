@@ -48,6 +48,7 @@ from ._records import OUTCOMES, Chunk, RecordWriter, RequestRecord, read_records
 from ._sockets import TCP_CLOSE, TCP_CLOSE_WAIT, peer_cut, tcp_state
 from ._sse import SSEDecoder, SSEEvent
 from ._tail import LineTail
+from ._traces import TraceArrivals, TraceError, read_trace
 from ._workers import (
     WORKER_DIR_ENV,
     WORKER_FORWARD_ENV,
@@ -91,6 +92,9 @@ __all__ = [
     "GammaArrivals",
     "PoissonArrivals",
     "OpenLoopUser",
+    "TraceArrivals",
+    "TraceError",
+    "read_trace",
     "LENGTHS",
     "FixedLength",
     "LengthBase",

@@ -29,7 +29,8 @@ for a free slot, and that wait is part of its send lag (``t_send - t_scheduled``
 from __future__ import annotations
 
 import math
-from typing import Annotated, Literal
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -38,29 +39,57 @@ from zwcore import Registry
 
 # A duration-bounded schedule is drawn in batches of this many gaps.
 _BATCH = 4096
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class PlannedRequest:
+    """One request of an open-loop plan: when it goes (``offset_s`` from the start) and what
+    a trace says of it (``None``/empty: the group's own settings). ``prefix_blocks``: ids of
+    the prompt's blocks of ``block_tokens`` tokens each (a trace's ``hash_ids``): requests
+    that share leading ids share that prefix. ``behaviour``: how the client reads and acts
+    (a resolved :class:`~loadgen._config.ClientMixEntry`, when a run is replayed)."""
+
+    offset_s: float
+    prompt_tokens: int | None = None
+    max_tokens: int | None = None
+    prefix_blocks: tuple[int, ...] = ()
+    behaviour: Any = None
+    block_tokens: int = 512
 
 
 class ArrivalBase(BaseModel):
-    """Shared fields of every arrival process (see the module docstring): ``rate_rps``
-    (requests per second at full rate), ``requests`` and/or ``duration_s`` (at least one),
-    ``ramp_s`` and ``max_concurrency``. Raises ``pydantic.ValidationError`` for out-of-range
-    values or neither bound."""
+    """An open-loop arrival process (a kind subclasses this and registers with
+    :data:`ARRIVALS`): :meth:`plan` gives every request, ``max_concurrency`` caps those in
+    flight."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     kind: str
+    max_concurrency: int | None = Field(
+        None, ge=1, description="requests in flight at most; later ones wait (send lag)"
+    )
+
+    def plan(self, seed: int) -> list[PlannedRequest]:
+        """Every request, in send order (offsets ascending, the first 0.0)."""
+        raise NotImplementedError
+
+
+class RateArrivals(ArrivalBase):
+    """Shared fields of the rate-driven processes (see the module docstring): ``rate_rps``
+    (requests per second at full rate), ``requests`` and/or ``duration_s`` (at least one),
+    ``ramp_s``. Raises ``pydantic.ValidationError`` for out-of-range values or neither
+    bound."""
+
     rate_rps: float = Field(gt=0, description="requests per second once the ramp is over")
     requests: int | None = Field(None, ge=1, description="how many requests in all")
     duration_s: float | None = Field(
         None, gt=0, description="no request is scheduled this long after the start or later"
     )
     ramp_s: float = Field(0.0, ge=0, description="the rate rises linearly from 0 over this")
-    max_concurrency: int | None = Field(
-        None, ge=1, description="requests in flight at most; later ones wait (send lag)"
-    )
 
     @model_validator(mode="after")
-    def _bounded(self) -> ArrivalBase:
+    def _bounded(self) -> RateArrivals:
         if self.requests is None and self.duration_s is None:
             raise ValueError("an arrival process needs requests, duration_s or both")
         return self
@@ -68,6 +97,9 @@ class ArrivalBase(BaseModel):
     def gaps(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """``n`` gaps (s) between consecutive requests at ``rate_rps``."""
         raise NotImplementedError
+
+    def plan(self, seed: int) -> list[PlannedRequest]:
+        return [PlannedRequest(t) for t in self.schedule(seed)]
 
     def schedule(self, seed: int) -> list[float]:
         """The send offsets (s from the start, ascending, the first 0.0) of every request,
@@ -109,7 +141,7 @@ ARRIVALS: Registry[ArrivalBase] = Registry("arrival process")
 
 
 @ARRIVALS.register
-class ConstantArrivals(ArrivalBase):
+class ConstantArrivals(RateArrivals):
     """Every gap exactly ``1 / rate_rps``."""
 
     kind: Literal["constant"] = "constant"
@@ -119,7 +151,7 @@ class ConstantArrivals(ArrivalBase):
 
 
 @ARRIVALS.register
-class PoissonArrivals(ArrivalBase):
+class PoissonArrivals(RateArrivals):
     """Exponential gaps of mean ``1 / rate_rps`` (a Poisson process)."""
 
     kind: Literal["poisson"] = "poisson"
@@ -129,7 +161,7 @@ class PoissonArrivals(ArrivalBase):
 
 
 @ARRIVALS.register
-class GammaArrivals(ArrivalBase):
+class GammaArrivals(RateArrivals):
     """Gamma gaps, shape ``burstiness``, mean ``1 / rate_rps`` (vLLM's ``--burstiness``)."""
 
     kind: Literal["gamma"] = "gamma"
@@ -146,17 +178,17 @@ ArrivalConfig = Annotated[ArrivalBase, ARRIVALS.validator, ARRIVALS.serializer]
 """A field holding any registered arrival process, chosen by its ``kind``."""
 
 
-def share(offsets: list[float], index: int, count: int) -> list[tuple[int, float]]:
+def share(plan: list[T], index: int, count: int) -> list[tuple[int, T]]:
     """The requests of one of ``count`` load processes (``index`` from 0): every
-    ``count``-th request from the ``index``-th, with its position in the whole schedule.
+    ``count``-th item of ``plan`` from the ``index``-th, with its position in the whole plan.
     Together the shares hold every request exactly once. Raises ``ValueError`` for an index
     outside ``[0, count)``."""
     if not 0 <= index < count:
         raise ValueError(f"share {index} of {count} does not exist")
-    return [(i, offsets[i]) for i in range(index, len(offsets), count)]
+    return [(i, plan[i]) for i in range(index, len(plan), count)]
 
 
-def expected_requests(arrival: ArrivalBase) -> float:
+def expected_requests(arrival: RateArrivals) -> float:
     """About how many requests the schedule holds (``requests``, else the rate integrated
     over ``duration_s``)."""
     if arrival.requests is not None:

@@ -42,3 +42,23 @@ def build_prompt(n_words: int, seed: int) -> str:
         raise ValueError(f"n_words must be >= 1, got {n_words}")
     rng = random.Random(seed)
     return " ".join(rng.choice(_WORDS) for _ in range(n_words))
+
+
+def build_prefixed_prompt(
+    blocks: tuple[int, ...], block_words: int, n_words: int, seed: int
+) -> str:
+    """A prompt of ``n_words`` words made of ``block_words``-word blocks, one per id of
+    ``blocks`` (each block's words seeded by its id alone), then words seeded by ``seed``
+    where the blocks end before ``n_words``: two prompts that begin with the same ids begin
+    with the same text, as a trace's ``hash_ids`` say their requests did (a prefix cache can
+    reuse it). Raises ``ValueError`` if ``n_words < 1`` or ``block_words < 1``."""
+    if block_words < 1:
+        raise ValueError(f"block_words must be >= 1, got {block_words}")
+    words: list[str] = []
+    for block in blocks:
+        if len(words) >= n_words:
+            break
+        words += build_prompt(block_words, prompt_seed("block", block)).split()
+    if len(words) < n_words:
+        words += build_prompt(n_words - len(words), seed).split()
+    return " ".join(words[:n_words])

@@ -41,12 +41,12 @@ from locust import User, constant, task
 from locust.exception import StopUser
 
 from ._actions import ACTIONS, ActionConfig
-from ._arrivals import ArrivalBase, share
+from ._arrivals import ArrivalBase, PlannedRequest, share
 from ._client import RequestSpec, stream_request
 from ._config import ClientMixEntry, UserGroupConfig
 from ._lengths import LengthBase, draw_tokens
 from ._openai import Endpoint
-from ._prompt import build_prompt, prompt_seed
+from ._prompt import build_prefixed_prompt, build_prompt, prompt_seed
 from ._reads import READS, FullSpeed, Paced, ReadConfig
 from ._records import RecordWriter, RequestRecord
 
@@ -135,28 +135,40 @@ class StreamingUser(User):
         path = cls.records_path or os.environ.get(RECORDS_ENV) or DEFAULT_RECORDS_PATH
         self._zw_records = _writer(Path(path))
 
-    def request_spec(self, seed: int | None = None, **extra: Any) -> RequestSpec:
+    def request_spec(
+        self, seed: int | None = None, planned: PlannedRequest | None = None, **extra: Any
+    ) -> RequestSpec:
         """The spec of this user's next request (deterministic prompt per user and request,
-        or from ``seed``); ``extra`` sets more :class:`RequestSpec` fields."""
+        or from ``seed``), with what a trace's ``planned`` request says of it; ``extra`` sets
+        more :class:`RequestSpec` fields."""
         cls = type(self)
         if seed is None:
             seed = prompt_seed(cls.seed, self._zw_group, self._zw_index, self._zw_sent)
+        planned = planned or PlannedRequest(0.0)
         lengths = random.Random(prompt_seed(seed, "lengths"))
-        prompt_tokens = draw_tokens(cls.prompt_tokens, lengths)
+        prompt_tokens = planned.prompt_tokens or draw_tokens(cls.prompt_tokens, lengths)
+        max_tokens = planned.max_tokens or draw_tokens(cls.max_tokens, lengths)
         read, action, rcvbuf, behaviour = self._zw_read, self._zw_action, cls.rcvbuf_bytes, None
-        if cls.mix:
+        entry = planned.behaviour
+        if entry is None and cls.mix:
             entry = random.Random(prompt_seed(seed, "mix")).choices(
                 cls.mix, weights=[e.weight for e in cls.mix]
             )[0]
-            read = entry.read or read  # resolved entries carry the group's defaults
+        if entry is not None:
+            read = entry.read or read  # resolved entries carry their group's defaults
             action, rcvbuf, behaviour = entry.action, entry.rcvbuf_bytes, entry.name
+        prompt = (
+            build_prefixed_prompt(planned.prefix_blocks, planned.block_tokens, prompt_tokens, seed)
+            if planned.prefix_blocks
+            else build_prompt(prompt_tokens, seed)
+        )
         return RequestSpec(
             host=str(self.host),
             model=cls.model,
-            prompt=build_prompt(prompt_tokens, seed),
+            prompt=prompt,
             prompt_tokens=prompt_tokens,
             endpoint=cls.endpoint,
-            max_tokens=draw_tokens(cls.max_tokens, lengths),
+            max_tokens=max_tokens,
             ignore_eos=cls.ignore_eos,
             timeout_s=cls.timeout_s,
             read=read,
@@ -280,25 +292,28 @@ class OpenLoopUser(StreamingUser):
                 self._zw_group, index, cls.schedule_processes,
             )  # fmt: skip
             raise StopUser()
-        offsets = cls.arrival.schedule(prompt_seed(cls.seed, self._zw_group, "arrivals"))
+        plan = cls.arrival.plan(prompt_seed(cls.seed, self._zw_group, "arrivals"))
         cap = cls.arrival.max_concurrency
         slots = BoundedSemaphore(cap) if cap is not None else None
         t0 = time.monotonic()
-        for position, offset in share(offsets, index, cls.schedule_processes):
-            deadline = t0 + offset
+        for position, planned in share(plan, index, cls.schedule_processes):
+            deadline = t0 + planned.offset_s
             if (wait := deadline - time.monotonic()) > 0:
                 gevent.sleep(wait)
             if slots is not None:
                 slots.acquire()
-            self._zw_pool.spawn(self._send_scheduled, position, deadline, slots)
+            self._zw_pool.spawn(self._send_scheduled, position, planned, deadline, slots)
         self._zw_pool.join()
         raise StopUser()
 
-    def _send_scheduled(self, position: int, deadline: float, slots: Any) -> None:
+    def _send_scheduled(
+        self, position: int, planned: PlannedRequest, deadline: float, slots: Any
+    ) -> None:
         cls = type(self)
         try:
             spec = self.request_spec(
                 seed=prompt_seed(cls.seed, self._zw_group, "request", position),
+                planned=planned,
                 t_scheduled=deadline,
                 schedule_index=position,
             )

@@ -6,6 +6,8 @@ sent twice."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -124,7 +126,8 @@ def test_lengths_are_drawn_per_request_and_the_output_is_held_to_them(poisson_ru
     assert (sent["completion_tokens"] == outputs).all()
 
 
-def test_a_client_mix_draws_each_requests_behaviour_by_weight(tmp_path):
+@pytest.fixture(scope="module")
+def mix_run(tmp_path_factory: pytest.TempPathFactory):
     mix = [
         {"weight": 3, "read": {"kind": "full_speed"}},
         {"name": "stopper", "weight": 1,
@@ -135,7 +138,11 @@ def test_a_client_mix_draws_each_requests_behaviour_by_weight(tmp_path):
     scenario = Scenario.model_validate(  # a behaviour's figures are gate figures
         {**scenario.model_dump(mode="json"), "gates": ["arrivals.stopper.stalled >= 1"]}
     )
-    result = run_scenario(scenario, out_root=tmp_path)
+    return run_scenario(scenario, out_root=tmp_path_factory.mktemp("mix"))
+
+
+def test_a_client_mix_draws_each_requests_behaviour_by_weight(mix_run):
+    result = mix_run
     assert result.exit_code == 0, result.summary.failure
     sent = _sent(result)
     counts = sent["behaviour"].value_counts().to_dict()
@@ -150,3 +157,40 @@ def test_a_client_mix_draws_each_requests_behaviour_by_weight(tmp_path):
     assert groups["arrivals.stopper"].stalled == counts["stopper"]
     assert groups["arrivals.full_speed"].stalled == 0
     assert [g.passed for g in result.gates] == [True]
+
+
+def test_a_mooncake_trace_replays_on_its_times(tmp_path):
+    rng = np.random.default_rng(5)
+    stamps_ms = np.cumsum(rng.exponential(50.0, 80)).round()  # ~20 requests/s for 4 s
+    trace = tmp_path / "mooncake.jsonl"
+    trace.write_text("".join(
+        json.dumps({"timestamp": int(t), "input_length": int(rng.integers(8, 64)),
+                    "output_length": int(rng.integers(1, 16)), "hash_ids": [0, i % 3]}) + "\n"
+        for i, t in enumerate(stamps_ms)
+    ))  # fmt: skip
+    arrival = {"kind": "trace", "format": "mooncake", "path": str(trace), "block_tokens": 4}
+    result = run_scenario(_scenario(arrival, name="mooncake"), out_root=tmp_path)
+    assert result.exit_code == 0, result.summary.failure
+    sent = _sent(result)
+    rows = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert len(sent) == 80 and set(sent["outcome"]) == {"complete"}
+    offsets_s = (stamps_ms - stamps_ms[0]) / 1000.0
+    scheduled = sent["t_scheduled"].to_numpy()
+    assert np.allclose(scheduled - scheduled[0], offsets_s, atol=1e-6)
+    # Sent on the trace's times (the send-lag target, 5 ms p99, is a benchmark's).
+    assert np.percentile(sent["send_lag_ms"], 99) < 100
+    assert list(sent["prompt_tokens_requested"]) == [r["input_length"] for r in rows]
+    assert list(sent["completion_tokens"]) == [r["output_length"] for r in rows]
+
+
+def test_a_run_replays_with_its_client_behaviours(mix_run, tmp_path):
+    arrival = {"kind": "trace", "format": "zerowindow", "path": str(mix_run.run_dir)}
+    result = run_scenario(_scenario(arrival, name="replay"), out_root=tmp_path)
+    assert result.exit_code == 0, result.summary.failure
+    before, after = _sent(mix_run), _sent(result)
+    assert len(after) == len(before)
+    assert list(after["behaviour"]) == list(before["behaviour"])
+    assert list(after["action"].fillna("-")) == list(before["action"].fillna("-"))
+    assert list(after["max_tokens"]) == list(before["max_tokens"])
+    gaps = np.diff(before["t_scheduled"].to_numpy()), np.diff(after["t_scheduled"].to_numpy())
+    assert np.allclose(*gaps, atol=1e-6)
