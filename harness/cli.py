@@ -20,6 +20,7 @@ from harness.lifecycle import (
     reanalyze,
     run_comparison,
     run_scenario,
+    run_sweep,
 )
 from harness.outputs import (
     STEP_SUMMARY_ENV,
@@ -27,6 +28,7 @@ from harness.outputs import (
     print_comparison,
     print_gates,
     print_summary,
+    print_sweep,
 )
 from harness.scenario import Scenario, ScenarioError, load_scenario
 from zwcore import ZerowindowError
@@ -263,6 +265,74 @@ def schema(
         typer.echo(scenario_reference(), nl=False)
     else:
         typer.echo(json.dumps(scenario_json_schema(), indent=2))
+
+
+@app.command()
+def sweep(
+    scenario: Annotated[Path, typer.Argument(help="scenario file (TOML) with an open-loop group")],
+    steps: Annotated[
+        int, typer.Option(min=0, help="rates between the serial and throughput runs")
+    ] = 4,
+    rates: Annotated[
+        str | None,
+        typer.Option(help="comma-separated total rates (requests/s) instead of --steps"),
+    ] = None,
+    sla: Annotated[
+        bool,
+        typer.Option(help="then bisect to the highest rate whose run passes the gates"),
+    ] = False,
+    sla_steps: Annotated[int, typer.Option(min=1, help="bisection steps of --sla")] = 5,
+    serial_requests: Annotated[
+        int, typer.Option(min=1, help="requests per group in the serial run, at most")
+    ] = 32,
+    out: Annotated[Path, typer.Option(help="results root")] = Path("results"),
+    target_url: Annotated[
+        str | None, typer.Option(help="attach to a running server instead of starting one")
+    ] = None,
+    workers: Annotated[
+        int, typer.Option(min=0, help="run each group as a Locust master with N workers here")
+    ] = 0,
+) -> None:
+    """Run SCENARIO's open-loop groups at rising rates against one target: one request at a
+    time, all at once, then rates between (or --rates), with --sla a bisection to the highest
+    rate whose run passes the gates. Writes results/<scenario>/<stamp>/ with a run folder per
+    rate and sweep.json, sweep.md and sweep.html (figures against the rate).
+
+    Exit code: 0 every run completed (gates may fail at high rates), 1 a run failed, 2 invalid
+    scenario or set-up error, 130 interrupted."""
+    with setup_errors("invalid scenario", scenario=scenario):
+        config = load_scenario(scenario)
+    with setup_errors("invalid argument", scenario=scenario, also=(ValueError,)):
+        rate_list = _rates(rates)
+        distribution = Distribution(workers) if workers else None
+    with setup_errors(_RUN_TITLES, scenario=scenario):
+        result = run_sweep(
+            config, steps=steps, rates=rate_list, sla=sla, sla_steps=sla_steps,
+            serial_requests=serial_requests, scenario_path=scenario, out_root=out,
+            target_url=target_url, distribution=distribution,
+        )  # fmt: skip
+    if result.points:
+        print_sweep(result.as_dict(), title=config.name)
+    if result.failure:
+        typer.secho(f"sweep incomplete: {result.failure}", fg="red", err=True)
+    typer.echo(f"results: {result.run_dir}")
+    raise typer.Exit(result.exit_code)
+
+
+def _rates(text: str | None) -> list[float] | None:
+    """``--rates 2,4.5,8`` as floats. Raises ``ValueError`` naming the bad item."""
+    if text is None:
+        return None
+    out = []
+    for item in text.split(","):
+        try:
+            rate = float(item)
+        except ValueError:
+            raise ValueError(f"--rates: {item.strip()!r} is not a number of requests/s") from None
+        if not rate > 0:
+            raise ValueError(f"--rates: {item.strip()!r} must be above 0")
+        out.append(rate)
+    return out
 
 
 def _run_comparison(

@@ -232,9 +232,9 @@ def test_distribution_settings_are_checked() -> None:
     with pytest.raises(DistributedError, match="--master-bind 10.1.2.3: with network profiles"):
         Distribution(workers=1, master_host="10.1.2.3").check_in_namespaces()
     # A comparison starts masters of its own for each configuration.
-    Distribution(workers=2).check_for_comparison()
+    Distribution(workers=2).check_for_series()
     with pytest.raises(DistributedError, match="quit with their master"):
-        Distribution(workers=0, remote_workers=1).check_for_comparison()
+        Distribution(workers=0, remote_workers=1).check_for_series()
 
 
 def test_cli_rejects_bad_worker_options(tmp_path: Path) -> None:

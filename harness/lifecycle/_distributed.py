@@ -76,13 +76,14 @@ class Distribution:
         if not 0 <= self.master_port <= 65535:
             raise DistributedError(f"master port {self.master_port} is out of range")
 
-    def check_for_comparison(self) -> None:
-        """Raises :class:`DistributedError` for remote workers in a proxy comparison: a
-        worker quits with its master, and each configuration starts masters of its own."""
+    def check_for_series(self) -> None:
+        """Raises :class:`DistributedError` for remote workers in a series of runs (a proxy
+        comparison, a sweep): a worker quits with its master, and each run starts masters of
+        its own."""
         if self.remote_workers:
             raise DistributedError(
-                "--remote-workers cannot be combined with proxies = [...]: remote workers "
-                "quit with their master after the first configuration; use --workers"
+                "--remote-workers cannot be combined with proxies = [...] or a sweep: remote "
+                "workers quit with their master after the first run; use --workers"
             )
 
     def check_in_namespaces(self) -> None:

@@ -1,5 +1,6 @@
 """Outputs: what people and CI systems read of a run: the console tables, ``junit.xml``, the
-GitHub step summary, the HTML report, ``zerowindow compare`` and the proxy comparison."""
+GitHub step summary, the HTML report, ``zerowindow compare``, the proxy comparison and the
+sweep."""
 
 from harness.outputs._compare import compare_runs, html_page, render
 from harness.outputs._comparison import print_comparison, to_markdown, write_comparison
@@ -14,6 +15,7 @@ from harness.outputs._step_summary import (
     append_step_summary,
     step_summary_markdown,
 )
+from harness.outputs._sweep import print_sweep, write_sweep
 
 __all__ = [
     "STEP_SUMMARY_ENV",
@@ -26,6 +28,7 @@ __all__ = [
     "print_comparison",
     "print_gates",
     "print_summary",
+    "print_sweep",
     "render",
     "render_report",
     "report_or_warning",
@@ -34,4 +37,5 @@ __all__ = [
     "write_comparison",
     "write_junit",
     "write_report",
+    "write_sweep",
 ]
