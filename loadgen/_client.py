@@ -74,6 +74,7 @@ class RequestSpec:
     endpoint: Endpoint = "completions"
     max_tokens: int = 128
     ignore_eos: bool = True
+    min_tokens: bool = False
     timeout_s: float = 120.0
     read: ReadConfig = field(default_factory=FullSpeed)
     action: ActionConfig | None = None
@@ -198,6 +199,7 @@ class _Stream:
                 prompt=spec.prompt,
                 max_tokens=spec.max_tokens,
                 ignore_eos=spec.ignore_eos,
+                min_tokens=spec.min_tokens,
             )
         ).encode("utf-8")
         request = h11.Request(

@@ -115,7 +115,12 @@ class UserGroupConfig(BaseModel):
     max_tokens: TokenCount = Field(
         default=128, description="output length asked for (tokens): a number or a distribution"
     )
-    ignore_eos: bool = True
+    ignore_eos: bool = Field(
+        True, description="send ignore_eos (vLLM's extension): answers as long as asked"
+    )
+    min_tokens: bool = Field(
+        False, description="also send min_tokens = max_tokens (vLLM's sampling parameter)"
+    )
     timeout_s: float = Field(default=120.0, gt=0)
     start_after_s: float = Field(default=0.0, ge=0)
 

@@ -25,12 +25,20 @@ ENDPOINT_PATHS: dict[str, str] = {
 
 
 def request_body(
-    *, endpoint: Endpoint, model: str, prompt: str, max_tokens: int, ignore_eos: bool
+    *,
+    endpoint: Endpoint,
+    model: str,
+    prompt: str,
+    max_tokens: int,
+    ignore_eos: bool,
+    min_tokens: bool = False,
 ) -> dict[str, Any]:
     """The JSON body of one streaming request.
 
     ``endpoint="completions"`` sends ``prompt``; ``"chat"`` sends one user message. ``ignore_eos``
-    is sent only when true (it is a vLLM extension that other servers may reject). Raises
+    is sent only when true (it is a vLLM extension that other servers may reject), and so is
+    ``min_tokens`` (then ``min_tokens = max_tokens``: vLLM's sampling parameter, so the answer
+    has ``max_tokens`` tokens on a server that honours it but not ``ignore_eos``). Raises
     ``ValueError`` for an unknown endpoint.
     """
     body: dict[str, Any] = {"model": model}
@@ -45,6 +53,8 @@ def request_body(
     body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
     if ignore_eos:
         body["ignore_eos"] = True
+    if min_tokens:
+        body["min_tokens"] = max_tokens
     return body
 
 

@@ -81,7 +81,8 @@ class StreamingUser(User):
     Class attributes (override in a subclass): ``host`` (base URL, ``http://`` only),
     ``model``, ``endpoint`` (``"completions"`` | ``"chat"``), ``prompt_tokens``,
     ``max_tokens`` (each a number or a ``loadgen._lengths`` distribution, drawn per
-    request), ``ignore_eos``, ``timeout_s`` (per-request deadline, s), ``read``
+    request), ``ignore_eos``, ``min_tokens`` (send ``min_tokens = max_tokens``),
+    ``timeout_s`` (per-request deadline, s), ``read``
     (:data:`ReadConfig`), ``action`` (:data:`ActionConfig` or ``None``), ``rcvbuf_bytes``
     (``SO_RCVBUF`` before connect, ``None`` = kernel default), ``mix`` (resolved
     :class:`~loadgen._config.ClientMixEntry` items: each request's read, action and receive
@@ -103,6 +104,7 @@ class StreamingUser(User):
     prompt_tokens: ClassVar[int | LengthBase] = 32
     max_tokens: ClassVar[int | LengthBase] = 128
     ignore_eos: ClassVar[bool] = True
+    min_tokens: ClassVar[bool] = False
     timeout_s: ClassVar[float] = 120.0
     read: ClassVar[ReadConfig | dict[str, Any]] = FullSpeed()
     action: ClassVar[ActionConfig | dict[str, Any] | None] = None
@@ -170,6 +172,7 @@ class StreamingUser(User):
             endpoint=cls.endpoint,
             max_tokens=max_tokens,
             ignore_eos=cls.ignore_eos,
+            min_tokens=cls.min_tokens,
             timeout_s=cls.timeout_s,
             read=read,
             action=action,
@@ -380,6 +383,7 @@ def user_class_from_config(
         "prompt_tokens": group.prompt_tokens,
         "max_tokens": group.max_tokens,
         "ignore_eos": group.ignore_eos,
+        "min_tokens": group.min_tokens,
         "timeout_s": group.timeout_s,
         "read": group.read,
         "action": group.action,

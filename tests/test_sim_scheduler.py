@@ -241,3 +241,21 @@ def test_add_request_validation() -> None:
 def test_config_rejects_max_model_len_above_cache() -> None:
     with pytest.raises(ValueError):
         SimConfig(block_size=4, num_blocks=4, max_model_len=17)
+
+
+def test_min_tokens_holds_off_eos_until_then():
+    """vLLM's ``min_tokens``: no EOS before that many tokens, even where EOS is likely."""
+    cfg = _cfg(eos_probability=0.5)
+    lengths = {}
+    for min_tokens in (0, 30):
+        s = Scheduler(cfg)
+        requests = [SimRequest(f"q{i}", 4, 40, False, min_tokens=min_tokens, seed=i)
+                    for i in range(8)]  # fmt: skip
+        for r in requests:
+            s.add_request(r)
+        now = 0.0
+        while (step := s.schedule(now)) is not None:
+            now += step.duration_s
+            s.complete(step, now)
+        lengths[min_tokens] = [len(r.output_token_ids) for r in requests]
+    assert min(lengths[30]) >= 30 and max(lengths[0]) < 30

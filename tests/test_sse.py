@@ -227,7 +227,12 @@ def test_request_body_shapes() -> None:
     body = request_body(
         endpoint="completions", model="m", prompt="p", max_tokens=3, ignore_eos=False
     )
-    assert body["prompt"] == "p" and "ignore_eos" not in body
+    assert body["prompt"] == "p" and "ignore_eos" not in body and "min_tokens" not in body
+    body = request_body(
+        endpoint="completions", model="m", prompt="p", max_tokens=3, ignore_eos=False,
+        min_tokens=True,
+    )  # fmt: skip
+    assert body["min_tokens"] == 3
 
 
 _JSON_VALUES = st.recursive(

@@ -237,6 +237,7 @@ async def _generate(request: Request, *, chat: bool) -> Response:
             max_tokens=params.max_tokens,
             ignore_eos=params.ignore_eos,
             seed=params.seed,
+            min_tokens=params.min_tokens,
         )
     except RequestError as exc:
         return _error(exc)

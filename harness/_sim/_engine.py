@@ -135,11 +135,19 @@ class SimEngine:
     # -- requests -----------------------------------------------------------------------
 
     def submit(
-        self, *, request_id: str, prompt_len: int, max_tokens: int, ignore_eos: bool, seed: int
+        self,
+        *,
+        request_id: str,
+        prompt_len: int,
+        max_tokens: int,
+        ignore_eos: bool,
+        seed: int,
+        min_tokens: int = 0,
     ) -> RequestStream:
         """Queue a request under the engine id ``request_id``; returns its output collector.
 
-        ``prompt_len`` and ``max_tokens`` are in tokens; ``seed`` seeds its token draws.
+        ``prompt_len``, ``max_tokens`` and ``min_tokens`` (no EOS before that many, vLLM's
+        sampling parameter) are in tokens; ``seed`` seeds its token draws.
         Raises ``ValueError`` if it cannot fit in ``max_model_len`` or its id is in use.
         """
         self.start()
@@ -148,6 +156,7 @@ class SimEngine:
             prompt_len=prompt_len,
             max_tokens=max_tokens,
             ignore_eos=ignore_eos,
+            min_tokens=min_tokens,
             seed=seed,
             arrival_time=time.monotonic(),
         )

@@ -71,6 +71,7 @@ class GenerationParams:
     continuous_usage: bool
     seed: int
     request_id: str | None = None  # the body's ``request_id`` field, if any
+    min_tokens: int = 0  # vLLM's sampling parameter: no EOS before this many tokens
 
 
 def count_tokens(text: str) -> int:
@@ -183,6 +184,9 @@ def parse_request(body: Any, config: SimConfig, *, chat: bool) -> GenerationPara
     request_id = body.get("request_id")
     if request_id is not None and not isinstance(request_id, str):
         raise RequestError("request_id must be a string", param="request_id")
+    min_tokens = body.get("min_tokens", 0)
+    if not isinstance(min_tokens, int) or isinstance(min_tokens, bool) or min_tokens < 0:
+        raise RequestError("min_tokens must be a non-negative integer", param="min_tokens")
 
     material = f"{config.seed}\0{body.get('seed')}\0{prompt_key}".encode()
     seed = int.from_bytes(hashlib.blake2b(material, digest_size=8).digest(), "big")
@@ -196,6 +200,7 @@ def parse_request(body: Any, config: SimConfig, *, chat: bool) -> GenerationPara
         continuous_usage=continuous,
         seed=seed,
         request_id=request_id,
+        min_tokens=min_tokens,
     )
 
 

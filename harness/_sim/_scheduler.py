@@ -87,6 +87,7 @@ class SimRequest:
     prompt_len: int
     max_tokens: int
     ignore_eos: bool = False
+    min_tokens: int = 0
     seed: int = 0
     arrival_time: float = 0.0
     output_token_ids: list[int] = field(default_factory=list)
@@ -125,7 +126,8 @@ class SimRequest:
         if rng is None:
             rng = self._rng = random.Random(self.seed)
         u = rng.random()
-        if self.ignore_eos or eos_probability <= 0.0:
+        early = len(self.output_token_ids) < self.min_tokens  # vLLM's min_tokens: no EOS yet
+        if self.ignore_eos or early or eos_probability <= 0.0:
             return int(u * vocab_size)
         if u < eos_probability:
             return EOS_TOKEN_ID
