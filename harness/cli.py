@@ -22,6 +22,7 @@ from harness.lifecycle import (
     run_scenario,
     run_sweep,
 )
+from harness.lifecycle._sweep import parse_goodput
 from harness.outputs import (
     STEP_SUMMARY_ENV,
     append_step_summary,
@@ -281,7 +282,16 @@ def sweep(
         bool,
         typer.Option(help="then bisect to the highest rate whose run passes the gates"),
     ] = False,
+    sla_on: Annotated[
+        str,
+        typer.Option(help="what --sla bisects: rate, or concurrency (all at once, capped)"),
+    ] = "rate",
     sla_steps: Annotated[int, typer.Option(min=1, help="bisection steps of --sla")] = 5,
+    goodput: Annotated[
+        list[str] | None,
+        typer.Option(help="a service-level objective KEY:MS for goodput (ttft, tpot, e2el), "
+                     "repeatable, as vllm bench serve --goodput"),
+    ] = None,
     serial_requests: Annotated[
         int, typer.Option(min=1, help="requests per group in the serial run, at most")
     ] = 32,
@@ -304,10 +314,15 @@ def sweep(
         config = load_scenario(scenario)
     with setup_errors("invalid argument", scenario=scenario, also=(ValueError,)):
         rate_list = _rates(rates)
+        slo = parse_goodput(goodput or [])
+        if sla_on not in ("rate", "concurrency"):
+            raise ValueError(f"--sla-on {sla_on!r}: expected rate or concurrency")
         distribution = Distribution(workers) if workers else None
     with setup_errors(_RUN_TITLES, scenario=scenario):
         result = run_sweep(
-            config, steps=steps, rates=rate_list, sla=sla, sla_steps=sla_steps,
+            config, steps=steps, rates=rate_list, sla=sla,
+            sla_on="rate" if sla_on == "rate" else "concurrency",
+            sla_steps=sla_steps, goodput=slo,
             serial_requests=serial_requests, scenario_path=scenario, out_root=out,
             target_url=target_url, distribution=distribution,
         )  # fmt: skip

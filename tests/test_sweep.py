@@ -46,7 +46,8 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> Path:
     scenario.write_text(SCENARIO)
     done = run_cli(
         "sweep", str(scenario), "--steps", "2", "--serial-requests", "8", "--sla",
-        "--sla-steps", "2", "--out", str(root / "out"), timeout=900,
+        "--sla-steps", "2", "--goodput", "ttft:1000", "--goodput", "tpot:40",
+        "--out", str(root / "out"), timeout=900,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return only_run_dir(root / "out")
@@ -64,6 +65,9 @@ def test_the_throughput_run_finds_the_capacity(sweep: Path) -> None:
     assert all(p["status"] == "complete" and p["requests"] for p in data["points"])
     offered = [p["offered_rps"] for p in data["points"] if p["offered_rps"]]
     assert data["kept_up_rps"] in offered
+    assert data["goodput_slo_ms"] == {"ttft": 1000.0, "tpot": 40.0}
+    assert all(p["goodput_rps"] <= p["completed_rps"] + 1e-9 for p in data["points"])
+    assert serial["goodput_rps"] == pytest.approx(serial["completed_rps"])  # no queue: all good
 
 
 def test_the_sla_search_lands_below_the_capacity(sweep: Path) -> None:
@@ -96,3 +100,27 @@ def test_a_scenario_without_an_open_loop_group_is_refused(tmp_path: Path) -> Non
     assert done.returncode == 2 and "a sweep needs a group with arrival" in done.stderr
     done = run_cli("sweep", str(path), "--rates", "2,x", "--out", str(tmp_path / "out"))
     assert done.returncode == 2 and "--rates: 'x' is not a number" in done.stderr
+    done = run_cli("sweep", str(path), "--goodput", "ttfb:3", "--out", str(tmp_path / "out"))
+    assert done.returncode == 2
+    assert "expected KEY:MS with KEY one of ttft, tpot, e2el" in done.stderr
+
+
+def test_the_concurrency_search_finds_the_highest_ceiling_that_passes(tmp_path: Path) -> None:
+    from harness.lifecycle import run_sweep
+    from harness.scenario import parse_scenario
+
+    # 24 requests at once, at most c in flight: up to c = 4 (the engine's batch) each is
+    # scheduled as it arrives and its first token comes within a step or two; above, the
+    # fifth waits in the engine's queue for a whole request (~0.5 s). A 300 ms TTFT bound
+    # (from the send) therefore holds up to 4: the bisection must find the batch size.
+    text = SCENARIO.replace("requests = 40", "requests = 24").replace("1500", "300")
+    result = run_sweep(
+        parse_scenario(text, path=tmp_path / "s.toml"), steps=0, sla=True,
+        sla_on="concurrency", sla_steps=5, serial_requests=4, out_root=tmp_path,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.failure
+    searched = [(p.max_concurrency, p.gates_passed) for p in result.points if p.phase == "sla"]
+    assert len(searched) >= 2
+    passing = [c for c, ok in searched if ok]
+    assert result.sla_concurrency == (max(passing) if passing else None)
+    assert result.sla_concurrency == 4, searched

@@ -16,7 +16,9 @@ the swept groups; every other group runs unchanged each time):
 Requests per group in the serial and throughput runs: its ``requests``, else its rate times
 its ``duration_s`` (ramp included). With ``sla``, the rate is then bisected ``sla_steps``
 times between the serial and throughput rates to the highest one whose run passes the
-scenario's gates (``sla_rps``; gates failing at high rates do not fail the sweep). Each run
+scenario's gates (``sla_rps``; gates failing at high rates do not fail the sweep); with
+``sla_on = "concurrency"``, the requests are sent all at once under a concurrency ceiling
+bisected between 1 and their number instead (``sla_concurrency``). Each run
 is a complete run folder ``<run>/<label>/``; the sweep's table (:class:`SweepPoint` rows) goes
 to ``sweep.json``, ``sweep.md`` and ``sweep.html`` (``harness.outputs``).
 
@@ -24,6 +26,11 @@ Figures per run, pooled over the swept groups' requests: ``offered_rps`` (the ra
 for; ``None`` for serial and throughput), ``sent_rps``, ``completed_rps`` (completed requests
 over the span from the first send to the last end), TTFT and end-to-end latency from the
 scheduled send, per-token ITL, output tokens/s, KV peak and preemptions (the server's).
+``goodput_rps`` counts only the completed requests that met every service-level objective
+of ``goodput`` (``{"ttft": ms, "tpot": ms, "e2el": ms}``, as ``vllm bench serve --goodput``:
+TTFT and end-to-end latency from the scheduled send, TPOT per output token after the first).
+The serial, throughput and concurrency-ceiling runs send everything at once, so their
+latencies are counted from each request's actual send instead.
 ``capacity_rps`` is the throughput run's ``completed_rps``; ``kept_up_rps`` the highest
 offered rate whose ``completed_rps`` came within 10 % of it.
 """
@@ -32,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pandas as pd
 
@@ -58,11 +65,13 @@ class SweepPoint:
     label: str
     phase: str  # serial | throughput | rate | sla
     offered_rps: float | None
+    max_concurrency: int | None
     status: str
     gates_passed: bool | None
     requests: int
     sent_rps: float | None
     completed_rps: float | None
+    goodput_rps: float | None
     ttft_p50_ms: float | None
     ttft_p99_ms: float | None
     itl_p50_ms: float | None
@@ -84,6 +93,8 @@ class SweepResult:
     capacity_rps: float | None = None
     kept_up_rps: float | None = None
     sla_rps: float | None = None
+    sla_concurrency: int | None = None
+    goodput: dict[str, float] = field(default_factory=dict)
     exit_code: int = 0
     failure: str | None = None
 
@@ -93,6 +104,8 @@ class SweepResult:
             "capacity_rps": self.capacity_rps,
             "kept_up_rps": self.kept_up_rps,
             "sla_rps": self.sla_rps,
+            "sla_concurrency": self.sla_concurrency,
+            "goodput_slo_ms": self.goodput,
             "exit_code": self.exit_code,
             "failure": self.failure,
             "points": [asdict(p) for p in self.points],
@@ -134,11 +147,13 @@ def serial_variant(scenario: Scenario, serial_requests: int) -> Scenario:
     })  # fmt: skip
 
 
-def throughput_variant(scenario: Scenario) -> Scenario:
-    """The swept groups' requests all at once (their own ``max_concurrency`` kept)."""
+def throughput_variant(scenario: Scenario, max_concurrency: int | None = None) -> Scenario:
+    """The swept groups' requests all at once, at most ``max_concurrency`` in flight per group
+    (default: each group's own ceiling)."""
     return _with_arrivals(scenario, {
         n: ConstantArrivals(
-            rate_rps=ALL_AT_ONCE_RPS, max_concurrency=a.max_concurrency, requests=_count(a)
+            rate_rps=ALL_AT_ONCE_RPS, max_concurrency=max_concurrency or a.max_concurrency,
+            requests=_count(a),
         )
         for n, a in _arrivals(scenario).items()
     })  # fmt: skip
@@ -158,35 +173,85 @@ def _count(arrival: RateArrivals) -> int:
     return int(arrival.requests or expected_requests(arrival))
 
 
+GOODPUT_KEYS = {"ttft": "ttft_ms", "tpot": "tpot_ms", "e2el": "e2e_ms"}
+_FROM_SCHEDULED = {"ttft_ms": "ttft_from_scheduled_ms", "e2e_ms": "e2e_from_scheduled_ms"}
+
+
+def parse_goodput(items: list[str]) -> dict[str, float]:
+    """``["ttft:500", "tpot:50"]`` (vLLM's ``--goodput`` form, ms) as ``{"ttft": 500.0, ...}``.
+    Raises ``ValueError`` naming the bad item and the valid keys."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition(":")
+        try:
+            bound = float(value)
+        except ValueError:
+            bound = -1.0
+        if not sep or key not in GOODPUT_KEYS or not bound > 0:
+            raise ValueError(
+                f"--goodput {item!r}: expected KEY:MS with KEY one of "
+                f"{', '.join(GOODPUT_KEYS)} and MS above 0, e.g. ttft:500"
+            )
+        out[key] = bound
+    return out
+
+
+def _good(done: pd.DataFrame, slo: dict[str, float], *, from_send: bool) -> pd.Series:
+    """Which completed requests met every objective of ``slo`` (latencies from the scheduled
+    send where there is one, unless ``from_send``)."""
+    ok = pd.Series(True, index=done.index)
+    for key, bound in slo.items():
+        column = GOODPUT_KEYS[key]
+        value = done[column]
+        if not from_send and (scheduled := _FROM_SCHEDULED.get(column)) in done:
+            value = done[scheduled].fillna(value)
+        ok &= value.le(bound).fillna(False)
+    return ok
+
+
 def point(
-    label: str, phase: str, offered: float | None, run: RunResult, groups: list[str]
+    label: str,
+    phase: str,
+    offered: float | None,
+    run: RunResult,
+    groups: list[str],
+    *,
+    goodput: dict[str, float] | None = None,
+    max_concurrency: int | None = None,
 ) -> SweepPoint:
-    """The figures of one run (module docstring), pooled over ``groups``."""
+    """The figures of one run (module docstring), pooled over ``groups``. The serial and
+    throughput runs count latencies from the send: their schedule is all at once, so a wait
+    for the ceiling's slot is the sweep's doing, not the server's."""
+    from_send = phase in ("serial", "throughput") or max_concurrency is not None
     requests = read_parquet(run.run_dir / REQUESTS)
     chunks = read_parquet(run.run_dir / CHUNKS)
     mine = requests[requests["group"].isin(groups)] if len(requests) else requests
     theirs = chunks[chunks["request_id"].isin(mine["request_id"])] if len(chunks) else chunks
     pooled = summarize_group("swept", mine.assign(group="swept"), theirs.assign(group="swept"))
     done = mine[mine["outcome"] == "complete"] if len(mine) else mine
-    completed = None
+    completed = good = None
     if len(done) > 1:
         span = float(done["t_end"].max() - mine["t_send"].min())
         completed = len(done) / span if span > 0 else None
+        if goodput and span > 0:
+            good = int(_good(done, goodput, from_send=from_send).sum()) / span
     server = run.summary.server
     return SweepPoint(
         label=label,
         phase=phase,
         offered_rps=offered,
+        max_concurrency=max_concurrency,
         status=run.summary.status,
         gates_passed=all(g.passed for g in run.gates) if run.gates else None,
         requests=len(mine),
         sent_rps=pooled.sent_rps,
         completed_rps=completed,
-        ttft_p50_ms=pooled.ttft_from_scheduled_p50_ms or pooled.ttft_p50_ms,
-        ttft_p99_ms=pooled.ttft_from_scheduled_p99_ms or pooled.ttft_p99_ms,
+        goodput_rps=good,
+        ttft_p50_ms=pooled.ttft_p50_ms if from_send else pooled.ttft_from_scheduled_p50_ms,
+        ttft_p99_ms=pooled.ttft_p99_ms if from_send else pooled.ttft_from_scheduled_p99_ms,
         itl_p50_ms=pooled.itl_p50_ms,
         itl_p99_ms=pooled.itl_p99_ms,
-        e2e_p50_ms=pooled.e2e_from_scheduled_p50_ms or pooled.e2e_p50_ms,
+        e2e_p50_ms=pooled.e2e_p50_ms if from_send else pooled.e2e_from_scheduled_p50_ms,
         output_tokens_per_s=pooled.output_tokens_per_s,
         kv_cache_usage_peak_perc=server.kv_cache_usage_peak_perc,
         preemptions=server.preemptions,
@@ -204,8 +269,10 @@ def run_sweep(
     steps: int = 4,
     rates: list[float] | None = None,
     sla: bool = False,
+    sla_on: Literal["rate", "concurrency"] = "rate",
     sla_steps: int = 5,
     serial_requests: int = 32,
+    goodput: dict[str, float] | None = None,
     scenario_path: Path | None = None,
     out_root: Path = Path("results"),
     target_url: str | None = None,
@@ -221,38 +288,51 @@ def run_sweep(
         raise ScenarioError("a sweep runs one proxy configuration: use [proxy], not proxies")
     if needs_baseline(scenario.gates):
         raise ScenarioError("a sweep gates each run on its own figures: no 'baseline' gates")
-    sweep = SweepResult(Path())
+    sweep = SweepResult(Path(), goodput=dict(goodput or {}))
 
-    def measure(series: Series, label: str, phase: str, variant: Scenario,
-                offered: float | None) -> SweepPoint:  # fmt: skip
+    def measure(
+        series: Series, label: str, phase: str, variant: Scenario,
+        offered: float | None = None, ceiling: int | None = None,
+    ) -> bool:  # fmt: skip
+        """Run one variant, keep its point; whether it passed its gates."""
         run = series.run(label, variant, fail_on_gates=False)
-        sweep.points.append(point(label, phase, offered, run, groups))
-        return sweep.points[-1]
+        p = point(label, phase, offered, run, groups, goodput=goodput, max_concurrency=ceiling)
+        sweep.points.append(p)
+        return p.status == "complete" and p.gates_passed is not False
+
+    def search_rate(series: Series, lo: float, hi: float) -> None:
+        for i in range(1, sla_steps + 1):
+            mid = (lo + hi) / 2
+            if measure(series, f"sla{i:02d}-{mid:.3g}rps", "sla", rate_variant(scenario, mid), mid):
+                sweep.sla_rps, lo = mid, mid
+            else:
+                hi = mid
+
+    def search_concurrency(series: Series) -> None:
+        low, high = 1, max(_count(a) for a in _arrivals(scenario).values())
+        for i in range(1, sla_steps + 1):
+            mid = (low + high + 1) // 2
+            if mid <= low:
+                break
+            variant = throughput_variant(scenario, mid)
+            if measure(series, f"sla{i:02d}-c{mid}", "sla", variant, ceiling=mid):
+                sweep.sla_concurrency, low = mid, mid
+            else:
+                high = mid - 1
 
     def body(series: Series) -> None:
-        serial = measure(
-            series, "serial", "serial", serial_variant(scenario, serial_requests), None
-        )
-        most = measure(series, "throughput", "throughput", throughput_variant(scenario), None)
-        sweep.capacity_rps = most.completed_rps
-        lo, hi = serial.completed_rps, most.completed_rps
+        measure(series, "serial", "serial", serial_variant(scenario, serial_requests))
+        measure(series, "throughput", "throughput", throughput_variant(scenario))
+        lo, hi = sweep.points[0].completed_rps, sweep.points[1].completed_rps
+        sweep.capacity_rps = hi
         todo = rates if rates is not None else (between(lo, hi, steps) if lo and hi else [])
         for i, rate in enumerate(todo, 1):
-            measure(
-                series, f"rate{i:02d}-{rate:.3g}rps", "rate", rate_variant(scenario, rate), rate
-            )
-        if sla and lo and hi:
-            best = None
-            for i in range(1, sla_steps + 1):
-                mid = (lo + hi) / 2
-                p = measure(
-                    series, f"sla{i:02d}-{mid:.3g}rps", "sla", rate_variant(scenario, mid), mid
-                )
-                if p.status == "complete" and p.gates_passed is not False:
-                    best, lo = mid, mid
-                else:
-                    hi = mid
-            sweep.sla_rps = best
+            variant = rate_variant(scenario, rate)
+            measure(series, f"rate{i:02d}-{rate:.3g}rps", "rate", variant, offered=rate)
+        if sla and sla_on == "rate" and lo and hi:
+            search_rate(series, lo, hi)
+        elif sla and sla_on == "concurrency":
+            search_concurrency(series)
 
     done: SeriesResult = run_series(
         scenario, body,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import html
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,8 @@ COLUMNS = [  # (key, header)
     ("offered_rps", "offered req/s"),
     ("sent_rps", "sent req/s"),
     ("completed_rps", "completed req/s"),
+    ("goodput_rps", "goodput req/s"),
+    ("max_concurrency", "ceiling"),
     ("ttft_p50_ms", "TTFT p50"),
     ("ttft_p99_ms", "TTFT p99"),
     ("itl_p50_ms", "ITL p50"),
@@ -35,8 +38,9 @@ COLUMNS = [  # (key, header)
     ("gates_passed", "gates"),
 ]
 NOTE = (
-    "latencies in ms, from each request's scheduled send (open loop); ITL per token; "
-    "serial: one request at a time; throughput: all at once"
+    "latencies in ms, from each request's scheduled send at a rate, from its send in the "
+    "serial, throughput and ceiling runs (all at once); ITL per token; serial: one request "
+    "at a time; throughput: all at once"
 )
 
 
@@ -57,8 +61,15 @@ def _headline(sweep: dict[str, Any]) -> str:
         f"capacity {fmt_number(sweep['capacity_rps'])} req/s (throughput run)",
         f"kept up to {fmt_number(sweep['kept_up_rps'])} req/s offered",
     ]
-    if sweep.get("sla_rps") is not None or any(p["phase"] == "sla" for p in sweep["points"]):
+    searched = [p for p in sweep["points"] if p["phase"] == "sla"]
+    if any(p["max_concurrency"] is not None for p in searched):
+        parts.append(
+            f"highest concurrency passing the gates {fmt_number(sweep['sla_concurrency'])}"
+        )
+    elif searched:
         parts.append(f"highest rate passing the gates {fmt_number(sweep['sla_rps'])} req/s")
+    if slo := sweep.get("goodput_slo_ms"):
+        parts.append("goodput: " + ", ".join(f"{k} <= {v:g} ms" for k, v in slo.items()))
     return "; ".join(parts)
 
 
@@ -97,6 +108,8 @@ def figure(sweep: dict[str, Any]) -> go.Figure:
     line("itl_p50_ms", "ITL p50", 1, 2)
     line("itl_p99_ms", "ITL p99", 1, 2)
     line("completed_rps", "completed req/s", 2, 1)
+    if any(p["goodput_rps"] is not None for p in pts):
+        line("goodput_rps", "goodput req/s", 2, 1)
     line("output_tokens_per_s", "output tok/s", 2, 1)
     line("kv_cache_usage_peak_perc", "KV peak %", 2, 2)
     line("preemptions", "preemptions", 2, 2)
@@ -135,12 +148,12 @@ def write_sweep(sweep: dict[str, Any], run_dir: Path, *, title: str) -> None:
 
 def print_sweep(sweep: dict[str, Any], *, title: str, console: Console | None = None) -> None:
     """The sweep's table on the console, its headline under it."""
-    table = Table(title=f"sweep: {title}")
+    table = Table(title=f"sweep: {title}", title_justify="left")
     for _, header in COLUMNS:
         table.add_column(header, justify="left" if header in ("run", "status") else "right")
     for row in _rows(sweep):
         table.add_row(*row)
-    out = console or Console()
+    out = console or Console(width=None if sys.stdout.isatty() else 200)
     out.print(table)
     out.print(_headline(sweep))
     out.print(NOTE)
