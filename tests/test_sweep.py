@@ -116,7 +116,7 @@ def test_the_concurrency_search_finds_the_highest_ceiling_that_passes(tmp_path: 
     text = SCENARIO.replace("requests = 40", "requests = 24").replace("1500", "300")
     result = run_sweep(
         parse_scenario(text, path=tmp_path / "s.toml"), steps=0, sla=True,
-        sla_on="concurrency", sla_steps=5, serial_requests=4, out_root=tmp_path,
+        sla_on="concurrency", sla_steps=4, serial_requests=4, out_root=tmp_path,
     )  # fmt: skip
     assert result.exit_code == 0, result.failure
     searched = [(p.max_concurrency, p.gates_passed) for p in result.points if p.phase == "sla"]

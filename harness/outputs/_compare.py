@@ -80,13 +80,15 @@ def _ratio(value: float | None, first: float | None) -> float | None:
 
 
 def compare_runs(run_dirs: Sequence[Path], only: Sequence[str] = ()) -> Comparison:
-    """Read the runs' ``summary.json`` and line up their figures. ``only`` keeps the figures
-    whose name matches any of these shell patterns (``fast.ttft_*``, ``server.*``). Raises
+    """Read the runs' ``summary.json`` and line up their figures: those at least one run
+    measured (a closed-loop run has no send lag, for one). ``only`` keeps the figures whose
+    name matches any of these shell patterns (``fast.ttft_*``, ``server.*``). Raises
     :class:`ReportError` for a folder that cannot be read or an incompatible ``summary.json``,
     and ``ValueError`` when ``only`` matches no figure."""
     runs = [load_run(Path(d), with_records=False) for d in run_dirs]
     tables = [figures(_summary(r)) for r in runs]
     names = list(dict.fromkeys(n for t in tables for n in sorted(t)))
+    names = [n for n in names if any(t.get(n) is not None for t in tables)]
     if only:
         names = [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in only)]
         if not names:
