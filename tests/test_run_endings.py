@@ -113,9 +113,12 @@ def test_ctrl_c_while_the_command_starts_is_exit_130_without_a_traceback(tmp_pat
     scenario = tmp_path / "s.toml"
     scenario.write_text(SCENARIO)
     argv = [*ZEROWINDOW, "run", str(scenario), "--out", str(tmp_path)]
+    # As from a terminal: SIGINT at its default. (A test session started in the background by
+    # a non-interactive shell inherits SIGINT ignored, and Python then keeps it ignored.)
     proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO
-    )
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
     # A signal between fork and exec meets the parent's handlers and is lost with them: wait
     # until the child runs Python (on a loaded machine that took longer than 0.1 s).
     deadline = time.monotonic() + 30
