@@ -117,6 +117,14 @@ class RateArrivals(ArrivalBase):
             times = times[times < self.duration_s]
         return [float(t) for t in times]
 
+    def expected_requests(self) -> float:
+        """About how many requests the schedule holds (``requests``, else the rate integrated
+        over ``duration_s``, ramp included)."""
+        if self.requests is not None:
+            return float(self.requests)
+        assert self.duration_s is not None
+        return math.ceil(self.rate_rps * self._unwarp(self.duration_s))
+
     def _warp(self, u: np.ndarray) -> np.ndarray:
         """Offsets at full rate (``u``) as offsets under the ramp: the inverse of the ramp's
         cumulative rate ``rate * t^2 / (2 ramp)`` before ``ramp_s``, ``rate * (t - ramp / 2)``
@@ -186,14 +194,3 @@ def share(plan: list[T], index: int, count: int) -> list[tuple[int, T]]:
     if not 0 <= index < count:
         raise ValueError(f"share {index} of {count} does not exist")
     return [(i, plan[i]) for i in range(index, len(plan), count)]
-
-
-def expected_requests(arrival: RateArrivals) -> float:
-    """About how many requests the schedule holds (``requests``, else the rate integrated
-    over ``duration_s``)."""
-    if arrival.requests is not None:
-        return float(arrival.requests)
-    assert arrival.duration_s is not None
-    d, r = arrival.duration_s, arrival.ramp_s
-    full = d * d / (2 * r) if r and d < r else d - r / 2
-    return math.ceil(arrival.rate_rps * full)

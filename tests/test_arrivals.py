@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from scipy import stats
 
 from loadgen import ARRIVALS, UserGroupConfig
-from loadgen._arrivals import expected_requests, share
+from loadgen._arrivals import share
 
 
 def _schedule(seed: int = 0, **fields: object) -> list[float]:
@@ -52,7 +52,7 @@ def test_duration_bounds_the_schedule_and_the_ramp_raises_the_rate_linearly():
     assert (ramped < 10).sum() == pytest.approx(500, abs=2)
     assert ((ramped >= 10) & (ramped < 11)).sum() == pytest.approx(100, abs=2)
     arrival = ARRIVALS.parse({"kind": "constant", "rate_rps": 100, "duration_s": 20, "ramp_s": 10})
-    assert expected_requests(arrival) == pytest.approx(len(ramped), abs=2)
+    assert arrival.expected_requests() == pytest.approx(len(ramped), abs=2)
     both = _schedule(kind="constant", rate_rps=10, duration_s=3, requests=5)
     assert len(both) == 5  # whichever bound comes first
 

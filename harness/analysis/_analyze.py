@@ -26,7 +26,12 @@ from harness.analysis._engine import (
 from harness.analysis._proxy import proxy_summary
 from harness.analysis._saturation import saturation_summary
 from harness.analysis._stalls import abort_times, attribute_aborts
-from harness.analysis._summary import group_names, summarize_group, summarize_server
+from harness.analysis._summary import (
+    group_names,
+    summarize_group,
+    summarize_requests,
+    summarize_server,
+)
 from harness.analysis._tables import chunks_frame, load_records, requests_frame
 from harness.analysis._verdicts import kv_held_verdict
 from harness.collectors import SOCKET_COLUMNS
@@ -254,16 +259,15 @@ def _behaviour_summaries(
 ) -> list[GroupSummary]:
     """One summary per client-mix behaviour of each group that has a mix, named
     ``<group>.<behaviour>`` (so its figures are ``<group>.<behaviour>.<figure>``)."""
-    out = []
-    for group in scenario.groups:
-        for behaviour in group.behaviours():
-            name = f"{group.name}.{behaviour.name}"
-            mine = requests[
-                (requests["group"] == group.name) & (requests["behaviour"] == behaviour.name)
-            ]
-            theirs = chunks[chunks["request_id"].isin(mine["request_id"])]
-            out.append(summarize_group(name, mine.assign(group=name), theirs.assign(group=name)))
-    return out
+    return [
+        summarize_requests(
+            f"{group.name}.{b.name}",
+            requests[(requests["group"] == group.name) & (requests["behaviour"] == b.name)],
+            chunks,
+        )
+        for group in scenario.groups
+        for b in group.behaviours()
+    ]
 
 
 def write_analysis(run_dir: Path, analysis: Analysis) -> None:

@@ -86,6 +86,14 @@ def summarize_group(name: str, requests: pd.DataFrame, chunks: pd.DataFrame) -> 
     )
 
 
+def summarize_requests(name: str, requests: pd.DataFrame, chunks: pd.DataFrame) -> GroupSummary:
+    """Summarize exactly the rows of ``requests`` (of any groups) under ``name``, with their
+    chunks (found in ``chunks`` by request id): a client-mix behaviour, a sweep's swept
+    groups pooled."""
+    theirs = chunks[chunks["request_id"].isin(requests["request_id"])]
+    return summarize_group(name, requests.assign(group=name), theirs.assign(group=name))
+
+
 def _open_loop_figures(req: pd.DataFrame) -> dict[str, float | None]:
     """Send lag, sent rate and latencies from the scheduled send of an open-loop group's
     requests (all ``None`` in a closed loop)."""

@@ -21,6 +21,7 @@ from typing import Any
 import pandas as pd
 
 from harness.scenario import Scenario, ScenarioError
+from harness.servers import Target
 from harness.servers._health import free_port
 from netem import (
     CaptureError,
@@ -277,6 +278,11 @@ class RunNetwork:
             self.errors.append(f"removing the topology: {type(exc).__name__}: {exc}")
         self.state.finish("released" if not self.errors else "active")
 
+    @property
+    def stalled_flows(self) -> list[dict[str, Any]] | None:
+        """The stalled flows of the last captures (``None`` without ``[netem] capture``)."""
+        return self.stalled if self.scenario.netem.capture else None
+
     def describe(self) -> dict[str, Any]:
         """Facts for ``run.json``: topology, server sysctls, shaping backend per group and
         direction (and why), requested and measured link figures."""
@@ -285,9 +291,26 @@ class RunNetwork:
             "state_file": str(self.state.path) if self.state else None,
             "shaping": self.shaping_info,
             "measured": self.measured,
-            "stalled_flows": self.stalled if self.scenario.netem.capture else None,
+            "stalled_flows": self.stalled_flows,
             "errors": self.errors,
         }
+
+
+def start_target(target: Target, network: RunNetwork | None, run_dir: Path) -> None:
+    """Start ``target``; with a ``network``, build it first and start the target inside its
+    server namespace, its processes recorded in the state file (also when the start
+    fails). Raises what :meth:`RunNetwork.setup` and the target's ``start`` raise."""
+    if network is None:
+        target.start(run_dir)
+        return
+    network.setup(run_dir)
+    for process in target.processes():
+        process.netns = network.server_netns
+    try:
+        target.start(run_dir)
+    finally:
+        for process in target.processes():
+            network.record_process(process.proc, process.label)
 
 
 def plan_network(scenario: Scenario) -> tuple[Scenario, RunNetwork | None]:

@@ -13,6 +13,7 @@ import shutil
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ from harness.lifecycle._distributed import (
 )
 from harness.lifecycle._inputs import baseline_for, url_target
 from harness.lifecycle._loadrun import LoadProcess, start_load
-from harness.lifecycle._netrun import RunNetwork, plan_network
+from harness.lifecycle._netrun import RunNetwork, plan_network, start_target
 from harness.lifecycle._placement import Placement, pinned_to_load, place_target, plan_placement
 from harness.lifecycle._progress import RunProgress
 from harness.lifecycle._runinfo import host_facts, versions
@@ -128,20 +129,18 @@ class RunLifecycle:
     # -- phases -------------------------------------------------------------------------
 
     def _start_target(self) -> None:
+        if self.manage_target:  # else the caller started it, and built its network
+            place_target(self.placement, self.target.processes())
+            start_target(self.target, self.network, self.run_dir)
         netns = None
         if self.network is not None:
-            if self.manage_target:  # else the caller built the network with the target
-                self.network.setup(self.run_dir)
             self.network.start_captures(self.run_dir)
             netns = self.network.server_netns
-            for process in self._own_processes():
+            for process in self.proxy.processes():
                 process.netns = netns
-        if self.manage_target:
-            place_target(self.placement, self.target.processes())
-            self.target.start(self.run_dir)
         self.client_url = self.proxy.start(self.run_dir, self.target.base_url)
         if self.network is not None:
-            for process in self._own_processes():
+            for process in self.proxy.processes():
                 self.network.record_process(process.proc, process.label)
         # Undelivered bytes wait in the sockets that face the clients (the proxy's, if any).
         url = urlsplit(self.client_url)
@@ -164,11 +163,6 @@ class RunLifecycle:
                 interval_s=c.metrics_interval_s,
             )
             self.probe.start()
-
-    def _own_processes(self) -> list[Any]:
-        """The server-side processes this run starts: the proxy's, and the target's when the
-        run manages it."""
-        return (self.target.processes() if self.manage_target else []) + self.proxy.processes()
 
     def _tick(self, phase: str | None = None) -> None:
         """Report to the progress display, if any (called from every wait loop)."""
@@ -343,13 +337,50 @@ class RunLifecycle:
             proxy_kind=self.proxy_kind,
             client_port=self.client_port,
             missing_metrics=self.scraper.missing() if self.scraper else [],
-            stalled_flows=(
-                self.network.stalled if self.network and self.scenario.netem.capture else None
-            ),
+            stalled_flows=self.network.stalled_flows if self.network else None,
             load_workers=self.workers,
             placement=self.placement.describe(),
             engine_probe=self.info.get("engine_probe"),
         )
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What a run (or a series of runs) will start, decided before anything starts."""
+
+    scenario: Scenario  # as it will run: the --target-url target, listening addresses moved
+    target: Target
+    network: RunNetwork | None
+    placement: Placement
+
+
+def plan_run(
+    scenario: Scenario, *, target_url: str | None, distribution: Distribution | None
+) -> RunPlan:
+    """The target (``target_url``: an already running server instead of the scenario's), the
+    network the scenario needs, if any, and the CPU placement. Raises :class:`ScenarioError`
+    for an invalid ``target_url``, a target that cannot run inside the network, or a
+    ``[placement]`` naming CPUs that are not usable, and
+    :class:`~harness.lifecycle.DistributedError` for a ``distribution`` that cannot run in
+    the groups' namespaces."""
+    if target_url is not None:
+        scenario = scenario.model_copy(update={"target": url_target(scenario, target_url)})
+    scenario, network = plan_network(scenario)
+    target = make_target(scenario.target)
+    placement = plan_placement(scenario.placement, target_started=bool(target.processes()))
+    if network is not None and distribution is not None:
+        distribution.check_in_namespaces()
+    return RunPlan(scenario, target, network, placement)
+
+
+def open_run_dir(out_root: Path, scenario: Scenario, scenario_path: Path | None) -> Path:
+    """A new run folder ``out_root/<name>/<UTC timestamp>/`` with the scenario file and its
+    file plugins copied in. Raises ``OSError`` if it cannot be written."""
+    run_dir = new_run_dir(out_root, scenario.name)
+    if scenario_path is not None:
+        shutil.copyfile(scenario_path, run_dir / SCENARIO_TOML)
+    keep_plugins(run_dir, scenario.plugins)
+    return run_dir
 
 
 def run_scenario(
@@ -387,18 +418,10 @@ def run_scenario(
     processes and the load run on disjoint CPU sets when ``[placement]`` allows (run.json's
     ``placement`` says what was done).
     """
-    if target_url is not None:
-        scenario = scenario.model_copy(update={"target": url_target(scenario, target_url)})
-    scenario, network = plan_network(scenario)
-    target = make_target(scenario.target)
-    placement = plan_placement(scenario.placement, target_started=bool(target.processes()))
-    if network is not None and distribution is not None:
-        distribution.check_in_namespaces()
+    plan = plan_run(scenario, target_url=target_url, distribution=distribution)
+    scenario, target, network, placement = plan.scenario, plan.target, plan.network, plan.placement
     base = baseline_for(scenario, baseline, use=use_baseline)
-    run_dir = new_run_dir(out_root, scenario.name)
-    if scenario_path is not None:
-        shutil.copyfile(scenario_path, run_dir / SCENARIO_TOML)
-    keep_plugins(run_dir, scenario.plugins)
+    run_dir = open_run_dir(out_root, scenario, scenario_path)
     run = RunLifecycle(
         scenario,
         scenario_path,

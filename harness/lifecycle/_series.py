@@ -14,7 +14,6 @@ target, exit code and failure.
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,15 +33,13 @@ from harness.lifecycle._conclude import (
     conclude,
 )
 from harness.lifecycle._distributed import Distribution
-from harness.lifecycle._inputs import url_target
-from harness.lifecycle._netrun import RunNetwork, plan_network
-from harness.lifecycle._placement import Placement, pinned_to_load, place_target, plan_placement
-from harness.lifecycle._run import RunLifecycle
+from harness.lifecycle._netrun import start_target
+from harness.lifecycle._placement import pinned_to_load, place_target
+from harness.lifecycle._run import RunLifecycle, RunPlan, open_run_dir, plan_run
 from harness.lifecycle._runinfo import host_facts, versions
 from harness.lifecycle._signals import RunInterrupted, signals_raise
-from harness.runfolder import SCENARIO_TOML, keep_plugins, new_run_dir, write_json
+from harness.runfolder import write_json
 from harness.scenario import NamedProxyConfig, Scenario
-from harness.servers import Target, make_target
 from loadgen import RequestSpec, build_prompt, prompt_seed, stream_request
 from zwcore import NetworkError, TargetError
 
@@ -62,31 +59,22 @@ class SeriesResult:
     failure: str | None = None
 
 
+@dataclass
 class Series:
-    """The running target of a series; :meth:`run` runs one variant of the scenario."""
+    """The running target of a series (as :func:`plan_run` planned it, started in
+    ``run_dir``); :meth:`run` runs one variant of the scenario. ``info`` is the series's
+    record, ``result`` what it produced so far."""
 
-    def __init__(
-        self,
-        scenario: Scenario,
-        scenario_path: Path | None,
-        run_dir: Path,
-        target: Target,
-        *,
-        network: RunNetwork | None,
-        distribution: Distribution | None,
-        placement: Placement,
-        result: SeriesResult,
-        info: dict[str, Any],
-    ) -> None:
-        self.scenario = scenario
-        self.scenario_path = scenario_path
-        self.run_dir = run_dir
-        self.target = target
-        self.network = network
-        self.distribution = distribution
-        self.placement = placement
-        self.result = result
-        self.info = info
+    plan: RunPlan
+    scenario_path: Path | None
+    run_dir: Path
+    distribution: Distribution | None
+    result: SeriesResult
+    info: dict[str, Any]
+
+    @property
+    def scenario(self) -> Scenario:
+        return self.plan.scenario
 
     def run(
         self,
@@ -101,21 +89,22 @@ class Series:
         failed, or failed a gate when ``fail_on_gates``, makes the series's exit code 1; raises
         :class:`~harness.lifecycle._signals.RunInterrupted` when the run was interrupted and
         :class:`~zwcore.TargetError` when the target died before it."""
-        if reason := self.target.failure():
+        target = self.plan.target
+        if reason := target.failure():
             raise TargetError(reason)
-        self.info["idle_wait_s"][name] = wait_idle(self.target.base_url)
+        self.info["idle_wait_s"][name] = wait_idle(target.base_url)
         sub_dir = self.run_dir / name
         sub_dir.mkdir()
         run = RunLifecycle(
             scenario or self.scenario,
             self.scenario_path,
             sub_dir,
-            self.target,
+            target,
             proxy=proxy,
             manage_target=False,
-            network=self.network,
+            network=self.plan.network,
             distribution=self.distribution,
-            placement=self.placement,
+            placement=self.plan.placement,
         )
         facts = run.execute()
         outcome = conclude(sub_dir, facts, run.info, setup_failed=run.setup_failed)
@@ -195,19 +184,11 @@ def run_series(
     :class:`~harness.lifecycle.DistributedError` for ``distribution`` with remote workers (they
     quit with their master after the first run) or, with a network, a master address other
     than loopback."""
-    if target_url is not None:
-        scenario = scenario.model_copy(update={"target": url_target(scenario, target_url)})
-    scenario, network = plan_network(scenario)
     if distribution is not None:
         distribution.check_for_series()
-        if network is not None:
-            distribution.check_in_namespaces()
-    run_dir = new_run_dir(out_root, scenario.name)
-    if scenario_path is not None:
-        shutil.copyfile(scenario_path, run_dir / SCENARIO_TOML)
-    keep_plugins(run_dir, scenario.plugins)
-    target = make_target(scenario.target)
-    placement = plan_placement(scenario.placement, target_started=bool(target.processes()))
+    plan = plan_run(scenario, target_url=target_url, distribution=distribution)
+    scenario, target, network, placement = plan.scenario, plan.target, plan.network, plan.placement
+    run_dir = open_run_dir(out_root, scenario, scenario_path)
     place_target(placement, target.processes())
     result = SeriesResult(run_dir)
     facts: dict[str, Any] = {
@@ -219,14 +200,10 @@ def run_series(
         "idle_wait_s": {},
         "placement": placement.describe(),
     }
-    series = Series(
-        scenario, scenario_path, run_dir, target,
-        network=network, distribution=distribution, placement=placement, result=result,
-        info=facts,
-    )  # fmt: skip
+    series = Series(plan, scenario_path, run_dir, distribution, result, facts)
     with signals_raise(), pinned_to_load(placement):
         try:
-            _start_target(target, network, run_dir)
+            start_target(target, network, run_dir)
             facts["warmup"] = warm_up(target.base_url, target.served_model_name)
             body(series)
         except RunInterrupted as exc:
@@ -253,18 +230,3 @@ def run_series(
     )
     write_json(run_dir / record, facts)
     return result
-
-
-def _start_target(target: Target, network: RunNetwork | None, run_dir: Path) -> None:
-    """Build the network (if any), then start the target inside its server namespace."""
-    if network is None:
-        target.start(run_dir)
-        return
-    network.setup(run_dir)
-    for process in target.processes():
-        process.netns = network.server_netns
-    try:
-        target.start(run_dir)
-    finally:
-        for process in target.processes():
-            network.record_process(process.proc, process.label)

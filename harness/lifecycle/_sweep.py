@@ -43,7 +43,7 @@ from typing import Any, Literal
 
 import pandas as pd
 
-from harness.analysis._summary import summarize_group
+from harness.analysis._summary import summarize_requests
 from harness.lifecycle._conclude import RunResult
 from harness.lifecycle._distributed import Distribution
 from harness.lifecycle._series import Series, SeriesResult, run_series
@@ -51,7 +51,7 @@ from harness.outputs import write_sweep
 from harness.runfolder import CHUNKS, REQUESTS, read_parquet
 from harness.scenario import Scenario, ScenarioError, needs_baseline
 from loadgen import ConstantArrivals
-from loadgen._arrivals import RateArrivals, expected_requests
+from loadgen._arrivals import RateArrivals
 
 SWEEP_RUN_JSON = "sweep-run.json"
 ALL_AT_ONCE_RPS = 1e6  # a constant rate this high sends every request at once
@@ -170,7 +170,7 @@ def rate_variant(scenario: Scenario, total_rps: float) -> Scenario:
 
 
 def _count(arrival: RateArrivals) -> int:
-    return int(arrival.requests or expected_requests(arrival))
+    return int(arrival.expected_requests())
 
 
 GOODPUT_KEYS = {"ttft": "ttft_ms", "tpot": "tpot_ms", "e2el": "e2e_ms"}
@@ -226,8 +226,7 @@ def point(
     requests = read_parquet(run.run_dir / REQUESTS)
     chunks = read_parquet(run.run_dir / CHUNKS)
     mine = requests[requests["group"].isin(groups)] if len(requests) else requests
-    theirs = chunks[chunks["request_id"].isin(mine["request_id"])] if len(chunks) else chunks
-    pooled = summarize_group("swept", mine.assign(group="swept"), theirs.assign(group="swept"))
+    pooled = summarize_requests("swept", mine, chunks)
     done = mine[mine["outcome"] == "complete"] if len(mine) else mine
     completed = good = None
     if len(done) > 1:
