@@ -15,10 +15,12 @@ from zwcore import Registry, UnknownKindError
 
 from ._actions import (
     ACTIONS,
+    LEAVE_STYLES,
     AbortiveClose,
     ActionConfig,
     ClientAction,
     HalfClose,
+    Leave,
     Stall,
     StopReading,
 )
@@ -126,6 +128,8 @@ __all__ = [
     "SSEDecoder",
     "SSEEvent",
     "SlowReaderUser",
+    "Leave",
+    "LEAVE_STYLES",
     "Stall",
     "StopReading",
     "StreamingUser",

@@ -17,6 +17,10 @@ received before the cut, then the end), a ``stop_reading`` closes with outcome `
   stream then ends (``complete`` if the server finishes it, ``cut_by_peer`` if it gives up).
 - ``abortive_close``: ``SO_LINGER {1, 0}`` then ``close``: the server gets RST; outcome
   ``client_abort``.
+- ``leave``: the disconnect matrix's action: leave ``after_s`` seconds after the send (before
+  any token if the engine is slow enough: queued or in prefill) or after ``after_tokens``, in
+  one of the ways of :data:`LEAVE_STYLES`; outcome ``client_abort`` (``half_close``: however
+  the server then ends the stream).
 
 A pause that would pass the request's deadline is cut at the deadline (outcome ``timeout``).
 """
@@ -26,12 +30,13 @@ from __future__ import annotations
 import socket
 from typing import Annotated, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from zwcore import Registry
 
 from ._records import RequestRecord
 from ._sockets import close_abortive, close_orderly
+from ._vanish import VanishError, vanish
 
 
 class StreamControl(Protocol):
@@ -65,6 +70,16 @@ class ClientAction(BaseModel):
     kind: str
     after_tokens: int = Field(0, ge=0)
 
+    @property
+    def pause_s(self) -> float:
+        """How long the action keeps the client from reading (s); it must fit the deadline."""
+        return 0.0
+
+    @property
+    def after_send_s(self) -> float | None:
+        """For an action timed from the send rather than by tokens: its delay (s)."""
+        return None
+
     def apply(self, ctl: StreamControl) -> str | None:
         """Act on the stream; return the outcome that ends it, or ``None`` to read on."""
         raise NotImplementedError
@@ -81,6 +96,10 @@ class Stall(ClientAction):
     kind: Literal["stall"] = "stall"
     after_tokens: int = Field(ge=0)
     stall_s: float = Field(gt=0)
+
+    @property
+    def pause_s(self) -> float:
+        return self.stall_s
 
     def apply(self, ctl: StreamControl) -> str | None:
         """Returns ``None`` (read on) or ``"timeout"``."""
@@ -101,6 +120,10 @@ class StopReading(ClientAction):
     after_tokens: int = Field(ge=0)
     hold_s: float = Field(ge=0)
     close: Literal["fin", "rst"] = "fin"
+
+    @property
+    def pause_s(self) -> float:
+        return self.hold_s
 
     def apply(self, ctl: StreamControl) -> str | None:
         """Returns ``"client_abort"``, ``"cut_by_peer"`` if the server cut the connection
@@ -147,6 +170,69 @@ class AbortiveClose(ClientAction):
         """Returns ``"client_abort"``."""
         close_abortive(ctl.sock)
         return "client_abort"
+
+
+LEAVE_STYLES = ("fin", "rst", "half_close", "stall_fin", "stall_rst", "vanish")
+"""How a client leaves (``leave``'s ``how``): ``fin`` (``shutdown(SHUT_WR)`` then close, as
+``stop_reading`` does), ``rst`` (``SO_LINGER {1, 0}``, socket(7)), ``half_close`` (FIN, then read
+on), ``stall_fin``/``stall_rst`` (read nothing for ``stall_s``, watching for a server cut, then
+close with FIN or RST), ``vanish`` (drop every packet of the connection from now on, both ways,
+then close: the server never hears a FIN or an RST, as when a phone loses its network;
+:func:`~loadgen._vanish.vanish`, which needs ``nft`` and CAP_NET_ADMIN)."""
+
+
+@ACTIONS.register
+class Leave(ClientAction):
+    """Leave the stream ``after_s`` seconds after the send (reading nothing before; the
+    engine may still be queueing or prefilling the request) or, without ``after_s``, after
+    ``after_tokens`` output tokens, in the way ``how`` names (:data:`LEAVE_STYLES`).
+    ``t_action`` is the moment of leaving (for ``stall_*`` the start of the stall).
+    Validation errors: ``after_s`` with ``after_tokens``, ``stall_s`` without a ``stall_*``."""
+
+    model_config = _Frozen
+    kind: Literal["leave"] = "leave"
+    after_tokens: int = Field(0, ge=0)
+    after_s: float | None = Field(None, ge=0)
+    how: Literal["fin", "rst", "half_close", "stall_fin", "stall_rst", "vanish"] = "fin"
+    stall_s: float = Field(0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Leave:
+        if self.after_s is not None and self.after_tokens:
+            raise ValueError("give after_s or after_tokens, not both")
+        if self.stall_s and not self.how.startswith("stall_"):
+            raise ValueError(f"stall_s is for how = stall_fin or stall_rst, not {self.how!r}")
+        if self.how.startswith("stall_") and not self.stall_s:
+            raise ValueError(f"how = {self.how!r} needs stall_s > 0")
+        return self
+
+    @property
+    def pause_s(self) -> float:
+        return self.stall_s + (self.after_s or 0.0)
+
+    @property
+    def after_send_s(self) -> float | None:
+        return self.after_s
+
+    def apply(self, ctl: StreamControl) -> str | None:
+        """Returns ``"client_abort"``, ``None`` after ``half_close`` (read on), ``"cut_by_peer"``
+        if the server cut the connection during a stall, or ``"timeout"``."""
+        if self.how == "half_close":
+            return HalfClose(after_tokens=0).apply(ctl)
+        if self.how == "rst":
+            close_abortive(ctl.sock)
+            return "client_abort"
+        if self.how == "vanish":
+            try:
+                vanish(ctl.sock)
+            except VanishError as exc:  # the socket was reset instead
+                ctl.record.error = f"vanish failed, reset instead: {exc}"
+            return "client_abort"
+        if self.how == "fin":
+            close_orderly(ctl.sock)
+            return "client_abort"
+        close = "rst" if self.how == "stall_rst" else "fin"
+        return StopReading(after_tokens=0, hold_s=self.stall_s, close=close).apply(ctl)
 
 
 ActionConfig = Annotated[ClientAction, ACTIONS.validator, ACTIONS.serializer]

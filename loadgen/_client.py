@@ -294,12 +294,20 @@ class _Stream:
                     rec.t_first_token = t
 
     def maybe_act(self) -> str | None:
-        """Fire the action once its token threshold is reached; its outcome ends the stream."""
+        """Fire the action once its token threshold is reached, or, for an action timed from
+        the send (``after_send_s``), once that time has come (reading nothing before); its
+        outcome ends the stream."""
         action = self.spec.action
         if action is None or self.record.action is not None or self.done:
             return None
-        if self.tokens.counted < action.after_tokens or self.record.http_status != 200:
-            return None
+        after_send_s = action.after_send_s
+        if after_send_s is None:
+            if self.tokens.counted < action.after_tokens or self.record.http_status != 200:
+                return None
+        else:
+            left_s = self.record.t_send + after_send_s - self.now()
+            if left_s > 0 and not self.pause(left_s):
+                return "timeout"
         self.record.action = action.kind
         self.record.t_action = self.now()
         return action.apply(self)

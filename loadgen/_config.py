@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from zwcore import load_plugins
 
-from ._actions import ActionConfig, Stall, StopReading
+from ._actions import ActionConfig
 from ._arrivals import ArrivalConfig
 from ._lengths import TokenCount
 from ._reads import FullSpeed, ReadConfig
@@ -169,15 +169,10 @@ class UserGroupConfig(BaseModel):
     @model_validator(mode="after")
     def _pause_fits_deadline(self) -> UserGroupConfig:
         for action in [self.action, *(e.action for e in self.mix)]:
-            if isinstance(action, StopReading):
-                pause_s, what = action.hold_s, "stop_reading hold_s"
-            elif isinstance(action, Stall):
-                pause_s, what = action.stall_s, "stall stall_s"
-            else:
-                continue
-            if pause_s >= self.timeout_s:
+            if action is not None and action.pause_s >= self.timeout_s:
                 raise ValueError(
-                    f"{what}={pause_s} must be shorter than timeout_s={self.timeout_s}"
+                    f"{action.kind}: its pause of {action.pause_s:g} s must be shorter than "
+                    f"timeout_s={self.timeout_s}"
                 )
         return self
 

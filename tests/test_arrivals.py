@@ -102,6 +102,6 @@ def test_client_mix_entries_take_the_groups_defaults_and_need_distinct_names():
         UserGroupConfig(**base, mix=[{"weight": 1}, {"weight": 2}])
     with pytest.raises(ValidationError, match="weight"):
         UserGroupConfig(**base, mix=[{"weight": 0}])
-    with pytest.raises(ValidationError, match="hold_s=200.0 must be shorter than timeout_s"):
+    with pytest.raises(ValidationError, match="pause of 200 s must be shorter than timeout_s"):
         stop = {"kind": "stop_reading", "after_tokens": 1, "hold_s": 200}
         UserGroupConfig(**base, mix=[{"weight": 1, "action": stop}])
