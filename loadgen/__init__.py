@@ -21,6 +21,7 @@ from ._actions import (
     ClientAction,
     HalfClose,
     Leave,
+    LeaveStyle,
     Stall,
     StopReading,
 )
@@ -51,6 +52,7 @@ from ._sockets import TCP_CLOSE, TCP_CLOSE_WAIT, peer_cut, tcp_state
 from ._sse import SSEDecoder, SSEEvent
 from ._tail import LineTail
 from ._traces import TraceArrivals, TraceError, read_trace
+from ._vanish import VANISH_TABLE_ENV, VanishError
 from ._workers import (
     WORKER_DIR_ENV,
     WORKER_FORWARD_ENV,
@@ -130,6 +132,7 @@ __all__ = [
     "SlowReaderUser",
     "Leave",
     "LEAVE_STYLES",
+    "LeaveStyle",
     "Stall",
     "StopReading",
     "StreamingUser",
@@ -137,6 +140,8 @@ __all__ = [
     "TCP_CLOSE_WAIT",
     "TokenCounter",
     "UnknownKindError",
+    "VANISH_TABLE_ENV",
+    "VanishError",
     "UserGroupConfig",
     "WORKER_DIR_ENV",
     "WORKER_FORWARD_ENV",

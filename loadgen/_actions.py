@@ -28,6 +28,7 @@ A pause that would pass the request's deadline is cut at the deadline (outcome `
 from __future__ import annotations
 
 import socket
+import typing
 from typing import Annotated, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -172,7 +173,8 @@ class AbortiveClose(ClientAction):
         return "client_abort"
 
 
-LEAVE_STYLES = ("fin", "rst", "half_close", "stall_fin", "stall_rst", "vanish")
+LeaveStyle = Literal["fin", "rst", "half_close", "stall_fin", "stall_rst", "vanish"]
+LEAVE_STYLES: tuple[LeaveStyle, ...] = typing.get_args(LeaveStyle)
 """How a client leaves (``leave``'s ``how``): ``fin`` (``shutdown(SHUT_WR)`` then close, as
 ``stop_reading`` does), ``rst`` (``SO_LINGER {1, 0}``, socket(7)), ``half_close`` (FIN, then read
 on), ``stall_fin``/``stall_rst`` (read nothing for ``stall_s``, watching for a server cut, then
@@ -193,7 +195,7 @@ class Leave(ClientAction):
     kind: Literal["leave"] = "leave"
     after_tokens: int = Field(0, ge=0)
     after_s: float | None = Field(None, ge=0)
-    how: Literal["fin", "rst", "half_close", "stall_fin", "stall_rst", "vanish"] = "fin"
+    how: LeaveStyle = "fin"
     stall_s: float = Field(0.0, ge=0)
 
     @model_validator(mode="after")

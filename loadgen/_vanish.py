@@ -7,9 +7,13 @@ Closing the socket cannot do that (the kernel sends FIN or RST), so :func:`vanis
 nftables drop rules for the connection's 4-tuple, both directions, in this process's network
 namespace (loopback included), and keeps the socket open so that its port is not reused.
 
-The rules live in one table per process, ``inet zw-vanish-<pid>``, deleted when the process
-exits (``atexit``; ``netem clean`` removes a table left by a killed process: every ``zw-``
-table is the toolkit's). Needs the ``nft`` command (nftables(8)) and CAP_NET_ADMIN.
+The rules must outlive the client: when its process exits the kernel closes the socket and
+sends FIN, which must be dropped too. So under the harness they live in the run's table,
+named by :data:`VANISH_TABLE_ENV` (every load process of the run adds to it; the harness
+deletes it at the end of the run, when the server may hear the close at last). Without that
+variable (a plain locustfile) the table is ``inet zw-vanish-<pid>``, deleted when the process
+exits (``atexit``). ``netem clean`` removes any table left behind: every ``zw-`` table is the
+toolkit's. Needs the ``nft`` command (nftables(8)) and CAP_NET_ADMIN.
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ import threading
 from ._sockets import close_abortive
 
 TABLE_PREFIX = "zw-vanish-"
+VANISH_TABLE_ENV = "ZEROWINDOW_VANISH_TABLE"
+"""Environment variable naming the nftables table (family ``inet``) that holds the run's drop
+rules; set by the harness for every load process."""
 
 
 class VanishError(OSError):
@@ -50,19 +57,20 @@ def _nft(*args: str, stdin: str | None = None) -> None:
 def _ensure_table() -> str:
     global _table
     if _table is None:
-        name = f"{TABLE_PREFIX}{os.getpid()}"
-        _nft(
+        shared = os.environ.get(VANISH_TABLE_ENV)
+        name = shared or f"{TABLE_PREFIX}{os.getpid()}"
+        _nft(  # "add" leaves a table or chain that already exists as it is
             "-f",
             "-",
             stdin=(
-                f"table inet {name} {{\n"
-                "  chain out { type filter hook output priority -300; policy accept; }\n"
-                "  chain in { type filter hook input priority -300; policy accept; }\n"
-                "}\n"
+                f"add table inet {name}\n"
+                f"add chain inet {name} out {{ type filter hook output priority -300; }}\n"
+                f"add chain inet {name} in {{ type filter hook input priority -300; }}\n"
             ),
         )
         _table = name
-        atexit.register(release)
+        if not shared:
+            atexit.register(release)
     return _table
 
 
@@ -97,8 +105,9 @@ def vanish(sock: socket.socket) -> None:
 
 
 def release() -> None:
-    """Delete this process's drop table, then close the vanished sockets (their FIN reaches
-    the peer now). Idempotent; errors are ignored (``netem clean`` is the fallback)."""
+    """Delete this process's drop table (:data:`VANISH_TABLE_ENV`'s, if set), then close the
+    vanished sockets (their FIN reaches the peer now). Idempotent; errors are ignored
+    (``netem clean`` is the fallback)."""
     global _table
     with _lock:
         if _table is not None:

@@ -23,6 +23,7 @@ from harness.analysis._engine import (
     kv_held_from_requests,
     probe_problem,
 )
+from harness.analysis._leaves import leave_figures
 from harness.analysis._proxy import proxy_summary
 from harness.analysis._saturation import saturation_summary
 from harness.analysis._stalls import abort_times, attribute_aborts
@@ -203,6 +204,7 @@ def analyze(run_dir: Path, facts: RunFacts | None = None) -> Analysis:
             unjoined=unjoined,
             kv_cache_blocks=(facts.engine_probe or {}).get("kv_cache_blocks"),
         )
+    requests = leave_figures(requests, chunks)
     t_first_send = float(requests["t_send"].min()) if len(requests) else None
     # Only the load's own connections: not the scraper's, nor anyone else's.
     load_sockets = client_sockets[

@@ -19,7 +19,8 @@ import pandas as pd
 ENGINE_JOIN_COLUMNS = [
     "engine_request_id", "t_engine_arrival", "t_engine_first_scheduled", "t_engine_first_token",
     "t_generation_end", "t_kv_freed", "engine_finish_reason", "engine_preemptions",
-    "engine_kv_blocks_freed", "delivery_lag_ms", "kv_held_after_generation_ms",
+    "engine_kv_blocks_freed", "engine_output_tokens", "delivery_lag_ms",
+    "kv_held_after_generation_ms",
     "undelivered_tokens_at_generation_end", "undelivered_tokens_at_kv_free",
     "undelivered_bytes_at_generation_end", "undelivered_bytes_at_kv_free",
 ]  # fmt: skip
@@ -29,7 +30,15 @@ _RENAMED = {
     "t_first_token": "t_engine_first_token",
     "finish_reason": "engine_finish_reason",
     "kv_blocks_freed": "engine_kv_blocks_freed",
+    "output_tokens": "engine_output_tokens",
 }
+
+
+VLLM_ID_PREFIXES = ("cmpl-", "chatcmpl-")
+"""vLLM names a request ``cmpl-<X-Request-Id>`` (``chatcmpl-`` for chat;
+``vllm/entrypoints/openai/completion/serving.py``), and the client sends its record's
+``request_id`` as ``X-Request-Id``: the join of a request whose client left before any chunk
+(so without a stream id)."""
 
 
 def stream_of(engine_id: str, stream_ids: set[str]) -> str | None:
@@ -44,7 +53,7 @@ def stream_of(engine_id: str, stream_ids: set[str]) -> str | None:
         candidate = candidate.rsplit("-", 1)[0]
 
 
-def _received_by(chunks: pd.DataFrame, moments: pd.Series) -> tuple[pd.Series, pd.Series]:
+def received_by(chunks: pd.DataFrame, moments: pd.Series) -> tuple[pd.Series, pd.Series]:
     """Per request (the index of ``moments``, request ids): tokens and bytes of its chunks
     that arrived at or before its moment (monotonic s)."""
     if not len(chunks) or not len(moments):
@@ -79,8 +88,12 @@ def join_engine(
     out["engine_finish_reason"] = out["engine_finish_reason"].astype(object)
     if not len(engine) or "stream_id" not in out or not len(out):
         return out, len(engine)
-    by_stream = {s: rid for s, rid in zip(out["stream_id"], out["request_id"], strict=True)
-                 if isinstance(s, str)}  # fmt: skip
+    by_stream: dict[str, str] = {}
+    for s, rid in zip(out["stream_id"], out["request_id"], strict=True):
+        if isinstance(s, str):
+            by_stream[s] = rid
+        else:  # no chunk came: the id vLLM derives from the client's X-Request-Id header
+            by_stream.update({f"{p}{rid}": rid for p in VLLM_ID_PREFIXES})
     streams = set(by_stream)
     eng = engine.copy()
     eng["request_id"] = [
@@ -91,7 +104,7 @@ def join_engine(
     eng = eng.rename(columns=_RENAMED).set_index("request_id")
     eng["engine_preemptions"] = eng["preempted_at"].map(lambda v: 0 if v is None else len(v))
     idx = out["request_id"]
-    for col in ENGINE_JOIN_COLUMNS[:9]:
+    for col in ENGINE_JOIN_COLUMNS[:10]:
         out[col] = idx.map(eng[col]).to_numpy() if col in eng else np.nan
     gen_end, freed = (
         out.set_index("request_id")["t_generation_end"],
@@ -101,14 +114,14 @@ def join_engine(
     lag = (out["t_last_byte"] - out["t_generation_end"]) * 1000.0
     out["delivery_lag_ms"] = lag.where(complete)
     out["kv_held_after_generation_ms"] = (out["t_kv_freed"] - out["t_generation_end"]) * 1000.0
-    generated = idx.map(eng["output_tokens"]).astype(float).to_numpy()
+    generated = out["engine_output_tokens"].astype(float).to_numpy()
     tokens = chunks.groupby("request_id")["tokens"].sum() if len(chunks) else pd.Series(dtype=float)
     wire = chunks.groupby("request_id")["bytes"].sum() if len(chunks) else pd.Series(dtype=float)
     per_token = (wire / tokens.replace(0, np.nan)).reindex(idx).to_numpy()
     fallback = float(wire.sum() / tokens.sum()) if len(tokens) and tokens.sum() else np.nan
     per_token = np.where(np.isnan(per_token), fallback, per_token)
     for moment, name in ((gen_end, "generation_end"), (freed, "kv_free")):
-        got_tokens, _ = _received_by(chunks, moment.dropna())
+        got_tokens, _ = received_by(chunks, moment.dropna())
         received = got_tokens.reindex(idx).to_numpy()
         undelivered = np.clip(generated - received, 0, None)
         out[f"undelivered_tokens_at_{name}"] = undelivered

@@ -83,7 +83,27 @@ def summarize_group(name: str, requests: pd.DataFrame, chunks: pd.DataFrame) -> 
         ),
         read_lag_max_ms=_maybe(req["read_lag_max_ms"].max()) if "read_lag_max_ms" in req else None,
         **_open_loop_figures(req),
+        **_leave_figures(req),
     )
+
+
+def _leave_figures(req: pd.DataFrame) -> dict[str, Any]:
+    """The ``left``/``leave_*`` fields of a group's summary (zero and ``None`` without leaves)."""
+    gone = req[req["t_leave"].notna()] if "t_leave" in req else req.iloc[0:0]
+    if not len(gone):
+        return {}
+    to_abort = gone["leave_to_abort_ms"].dropna()
+    wasted = gone["tokens_after_leave"].dropna()
+    return {
+        "left": len(gone),
+        "left_aborted": len(to_abort),
+        "leave_to_abort_p50_ms": percentile(to_abort, 50),
+        "leave_to_abort_p90_ms": percentile(to_abort, 90),
+        "leave_to_abort_max_ms": _maybe(to_abort.max()) if len(to_abort) else None,
+        "leave_to_kv_free_p50_ms": percentile(gone["leave_to_kv_free_ms"].dropna(), 50),
+        "tokens_after_leave_mean": float(wasted.mean()) if len(wasted) else None,
+        "leave_phases": {str(k): int(v) for k, v in gone["leave_phase"].value_counts().items()},
+    }
 
 
 def summarize_requests(name: str, requests: pd.DataFrame, chunks: pd.DataFrame) -> GroupSummary:

@@ -6,6 +6,7 @@ log and records file in the run folder; Locust's own summary statistics end the 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import signal
 import subprocess
@@ -16,7 +17,8 @@ from typing import Any
 
 import loadgen
 from harness.servers._process import start_process, stop_process_group
-from loadgen import SATURATION_ENV, UserGroupConfig, group_file
+from loadgen import SATURATION_ENV, VANISH_TABLE_ENV, UserGroupConfig, group_file
+from netem import remove_resource
 
 LOCUSTFILE = Path(loadgen.__file__).with_name("locustfile.py")
 
@@ -71,6 +73,22 @@ def exit_detail(code: int | None) -> str | None:
     return f"exited with code {code}"
 
 
+def vanish_table(run_dir: Path) -> str:
+    """The nftables table (family ``inet``) of the run's vanished clients (``loadgen._vanish``):
+    ``zw-vanish-`` and a digest of the run folder."""
+    return f"zw-vanish-{hashlib.sha1(str(run_dir).encode()).hexdigest()[:10]}"
+
+
+def release_vanished(run_dir: Path, netns: list[str | None]) -> None:
+    """Delete the run's vanish table in each of ``netns`` (``None``: this namespace), if it is
+    there: the servers may now hear the vanished clients close. Never raises."""
+    for ns in netns:
+        try:
+            remove_resource("nft-table", f"inet {vanish_table(run_dir)}", ns)
+        except Exception:  # noqa: BLE001 - best effort; `netem clean` removes a leftover
+            pass
+
+
 def start_load(
     group: UserGroupConfig,
     *,
@@ -116,7 +134,10 @@ def start_load(
     proc = start_process(
         argv,
         log_path=log_path,
-        env={SATURATION_ENV: str(group_file(run_dir, "saturation", group.name, None))},
+        env={
+            SATURATION_ENV: str(group_file(run_dir, "saturation", group.name, None)),
+            VANISH_TABLE_ENV: vanish_table(run_dir),
+        },
         netns=netns,
     )
     return LoadProcess(group.name, argv, proc, rec_path, log_path)

@@ -37,7 +37,7 @@ from harness.lifecycle._distributed import (
     worker_reports,
 )
 from harness.lifecycle._inputs import baseline_for, url_target
-from harness.lifecycle._loadrun import LoadProcess, start_load
+from harness.lifecycle._loadrun import LoadProcess, release_vanished, start_load
 from harness.lifecycle._netrun import RunNetwork, plan_network, start_target
 from harness.lifecycle._placement import Placement, pinned_to_load, place_target, plan_placement
 from harness.lifecycle._progress import RunProgress
@@ -281,6 +281,10 @@ class RunLifecycle:
         ended = [load.proc.poll() for load in self.loads]  # before the run stops them
         for load in self.loads:
             load.stop()
+        if self.loads:
+            groups = [g.name for g in self.scenario.groups]
+            netns = [self.network.group_netns(g) for g in groups] if self.network else []
+            release_vanished(self.run_dir, [None, *netns])
         for sampler in (self.scraper, self.sockets, self.probe):
             if sampler is not None:
                 sampler.stop()

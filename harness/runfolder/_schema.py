@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 
 class ProcessSaturation(BaseModel):
@@ -135,6 +135,17 @@ class GroupSummary(BaseModel):
     engine_aborted: int = 0
     stall_to_abort_p50_ms: float | None = None
     stall_to_abort_max_ms: float | None = None
+    # Clients that left (the ``leave`` action; ``harness.analysis._leaves``): how many, how many
+    # of them the engine aborted, leave-to-abort and leave-to-KV-free times, tokens generated
+    # that the client never received (wasted decode), and the phase each was in when it left.
+    left: int = 0
+    left_aborted: int = 0
+    leave_to_abort_p50_ms: float | None = None
+    leave_to_abort_p90_ms: float | None = None
+    leave_to_abort_max_ms: float | None = None
+    leave_to_kv_free_p50_ms: float | None = None
+    tokens_after_leave_mean: float | None = None
+    leave_phases: dict[str, int] = Field(default_factory=dict)
     # The kernel's time-limited-by-the-client's-receive-window per request (tcpi_rwnd_limited).
     server_rwnd_limited_p50_ms: float | None = None
     server_rwnd_limited_max_ms: float | None = None

@@ -26,6 +26,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from harness.runfolder import figure_names
 from harness.scenario._gate_syntax import Gate, GateSyntaxError, parse_gate, unknown_figures
+from harness.scenario._matrix import MatrixConfig, expand_matrix
 from harness.scenario._placement import PlacementConfig
 from harness.servers import PROXIES, NoProxyConfig, ProxyConfig, TargetConfig
 from loadgen import UserGroupConfig
@@ -185,6 +186,42 @@ def _gate(value: Any) -> Gate:
 GateField = Annotated[Gate, PlainValidator(_gate), PlainSerializer(str, return_type=str)]
 
 
+def check_figures(gates: list[Gate], groups: list[UserGroupConfig]) -> None:
+    """Raise a ``PydanticCustomError`` (``unknown_figure``) for the first gate whose figure
+    is not one of ``groups``' figures (:func:`harness.runfolder.figure_names`)."""
+    valid = figure_names(
+        [g.name for g in groups] + [f"{g.name}.{b.name}" for g in groups for b in g.behaviours()]
+    )
+    for gate in unknown_figures(gates, valid):
+        close = difflib.get_close_matches(gate.figure, valid, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise PydanticCustomError(
+            "unknown_figure",
+            "gate {quoted_gate}: unknown figure {figure}{hint}; valid figures: {valid}",
+            {
+                "gate": gate.text,
+                "quoted_gate": repr(gate.text),
+                "figure": repr(gate.figure),
+                "hint": hint,
+                "valid": ", ".join(valid),
+                "gate_index": gates.index(gate),
+            },
+        )
+
+
+class IncidentConfig(_Strict):
+    """What a scenario of the incident catalogue (``scenarios/incidents/``) reproduces, for
+    ``zerowindow suite run``. ``source``: the public reports it comes from (issue numbers,
+    write-ups); ``summary``: the failure in one line. The scenario's ``gates`` are failures of
+    the stack under test (the suite's test case fails); ``findings`` are gates whose outcome is
+    reported but never fails the case: what a stack is known to do that is worth knowing
+    (vLLM never aborts a stalled client)."""
+
+    source: str = Field(min_length=1)
+    summary: str = ""
+    findings: list[GateField] = []
+
+
 class Scenario(_Strict):
     """A whole experiment. ``proxy`` stands between the clients and the target (default: none).
     ``proxies`` instead lists several proxy configurations: the same workload then runs through
@@ -216,30 +253,39 @@ class Scenario(_Strict):
         groups = info.data.get("groups")
         if groups is None:  # the groups did not validate: that error is reported instead
             return gates
-        valid = figure_names(
-            [g.name for g in groups]
-            + [f"{g.name}.{b.name}" for g in groups for b in g.behaviours()]
-        )
-        for gate in unknown_figures(gates, valid):
-            close = difflib.get_close_matches(gate.figure, valid, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise PydanticCustomError(
-                "unknown_figure",
-                "gate {quoted_gate}: unknown figure {figure}{hint}; valid figures: {valid}",
-                {
-                    "gate": gate.text,
-                    "quoted_gate": repr(gate.text),
-                    "figure": repr(gate.figure),
-                    "hint": hint,
-                    "valid": ", ".join(valid),
-                    "gate_index": gates.index(gate),
-                },
-            )
+        check_figures(gates, groups)
         return gates
 
     netem: NetemConfig = NetemConfig()
     server_net: ServerNetConfig | None = None
     placement: PlacementConfig = PlacementConfig()
+    matrix: MatrixConfig | None = Field(
+        None, description="the disconnect matrix: phases x ways of leaving (its own groups)"
+    )
+    incident: IncidentConfig | None = Field(
+        None, description="what incident this scenario reproduces (for zerowindow suite)"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_matrix(cls, data: Any) -> Any:
+        return expand_matrix(data)
+
+    @model_validator(mode="after")
+    def _known_finding_figures(self) -> Scenario:
+        if self.incident is not None:
+            check_figures(self.incident.findings, self.groups)
+        return self
+
+    @model_validator(mode="after")
+    def _matrix_fits(self) -> Scenario:
+        if self.matrix is not None and self.max_duration_s < self.matrix.timeline_s + 5:
+            raise ValueError(
+                f"max_duration_s = {self.max_duration_s:g} is too short for the matrix: its "
+                f"{len(self.matrix.cells())} cells and control take "
+                f"{self.matrix.timeline_s:g} s (give at least {self.matrix.timeline_s + 5:g})"
+            )
+        return self
 
     @model_validator(mode="before")
     @classmethod

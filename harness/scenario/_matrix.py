@@ -1,0 +1,146 @@
+"""The disconnect matrix: a scenario's ``[matrix]`` table, expanded into user groups.
+
+Each cell is one phase at which clients leave (``queued``, ``prefill``, ``decode``) crossed
+with one way of leaving (:data:`loadgen.LEAVE_STYLES`). Cells run one after another, each in
+its own window of ``cell_s`` seconds, after a control window in which only the victims run:
+
+- ``victims``: an open-loop group (constant ``victim_rps``, short requests, full-speed reads)
+  for the whole timeline, whose TTFT and ITL in each window say what the cell cost the others;
+- per cell ``<phase>-<leave>``: ``repeats`` clients sent at the window's start that leave
+  together: ``queued`` ``leave_after_s`` after the send while ``queue_fill`` long requests
+  (group ``<phase>-<leave>-fill``, sent just before; they reset at the window's end) hold
+  every batch slot (``queue_fill`` must be at least the engine's ``max_num_seqs``);
+  ``prefill`` ``prefill_leave_after_s`` after sending a ``prefill_prompt_tokens`` prompt;
+  ``decode`` after ``decode_after_tokens`` tokens. ``stall_*`` ways stall ``stall_s`` first.
+
+The phase a client really left in is read from the engine's own records afterwards
+(``harness.analysis._leaves``): a cell says what was intended, the analysis what happened.
+:func:`expand_matrix` adds the groups before the scenario is validated, so gates may name
+cells (``decode-fin.leave_to_abort_max_ms <= 2000``); the matrix owns every group named
+``victims`` or ``<phase>-<leave>[-fill]`` and replaces a group of that name.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from loadgen import LEAVE_STYLES, LeaveStyle
+
+Phase = Literal["queued", "prefill", "decode"]
+MATRIX_PHASES: tuple[Phase, ...] = ("queued", "prefill", "decode")
+VICTIMS = "victims"
+FILL_LEAD_S = 0.3  # fillers go this long before a queued cell's leavers
+
+
+class MatrixConfig(BaseModel):
+    """The disconnect matrix (see the module docstring). Times in seconds from the start of
+    the load phase; lengths in tokens."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    phases: list[Phase] = Field(default_factory=lambda: list(MATRIX_PHASES), min_length=1)
+    leaves: list[LeaveStyle] = Field(default_factory=lambda: list(LEAVE_STYLES), min_length=1)
+    repeats: int = Field(3, ge=1, description="clients per cell, leaving together")
+    cell_s: float = Field(6.0, gt=1, description="each cell's window (the control's too)")
+    max_tokens: int = Field(512, ge=1, description="output asked by leavers and fillers")
+    prompt_tokens: int = Field(32, ge=1)
+    leave_after_s: float = Field(0.5, gt=0, description="queued: leave this long after send")
+    prefill_prompt_tokens: int = Field(1000, ge=1)
+    prefill_leave_after_s: float = Field(0.05, gt=0)
+    decode_after_tokens: int = Field(8, ge=1)
+    stall_s: float = Field(2.0, gt=0, description="stall_fin, stall_rst: stall this long")
+    queue_fill: int = Field(16, ge=1, description="queued cells: requests that fill the batch")
+    victim_rps: float = Field(4.0, gt=0)
+    victim_max_tokens: int = Field(32, ge=1)
+    victim_prompt_tokens: int = Field(32, ge=1)
+
+    def cells(self) -> list[tuple[str, str]]:
+        """``(phase, leave)`` of every cell, in run order (phase by phase)."""
+        return [(p, h) for p in self.phases for h in self.leaves]
+
+    def window(self, index: int) -> tuple[float, float]:
+        """Start and end (s from the load phase's start) of cell ``index``; ``-1``: the
+        control window."""
+        start = (index + 1) * self.cell_s
+        return start, start + self.cell_s
+
+    @property
+    def timeline_s(self) -> float:
+        """Control window plus every cell (s)."""
+        return (len(self.cells()) + 1) * self.cell_s
+
+
+def cell_name(phase: str, leave: str) -> str:
+    """The group name of a cell: ``<phase>-<leave>``."""
+    return f"{phase}-{leave}"
+
+
+def _leave(matrix: MatrixConfig, phase: str, how: str) -> dict[str, Any]:
+    stall = {"stall_s": matrix.stall_s} if how.startswith("stall_") else {}
+    if phase == "decode":
+        return {"kind": "leave", "how": how, "after_tokens": matrix.decode_after_tokens, **stall}
+    after = matrix.leave_after_s if phase == "queued" else matrix.prefill_leave_after_s
+    return {"kind": "leave", "how": how, "after_s": after, **stall}
+
+
+def matrix_groups(matrix: MatrixConfig) -> list[dict[str, Any]]:
+    """The user groups (as scenario data) of ``matrix``: victims, then each cell's leavers
+    (and fillers)."""
+    groups: list[dict[str, Any]] = [
+        {
+            "name": VICTIMS,
+            "arrival": {
+                "kind": "constant",
+                "rate_rps": matrix.victim_rps,
+                "duration_s": matrix.timeline_s,
+            },
+            "prompt_tokens": matrix.victim_prompt_tokens,
+            "max_tokens": matrix.victim_max_tokens,
+        }
+    ]
+    for i, (phase, how) in enumerate(matrix.cells()):
+        start, end = matrix.window(i)
+        name = cell_name(phase, how)
+        leaver: dict[str, Any] = {
+            "name": name,
+            "users": matrix.repeats,
+            "requests_per_user": 1,
+            "start_after_s": start,
+            "prompt_tokens": matrix.prompt_tokens,
+            "max_tokens": matrix.max_tokens,
+            "action": _leave(matrix, phase, how),
+        }
+        if phase == "prefill":
+            leaver["prompt_tokens"] = matrix.prefill_prompt_tokens
+        if phase == "queued":
+            groups.append({
+                "name": f"{name}-fill",
+                "users": matrix.queue_fill,
+                "requests_per_user": 1,
+                "start_after_s": start,
+                "prompt_tokens": matrix.prompt_tokens,
+                "max_tokens": matrix.max_tokens,
+                "action": {"kind": "leave", "how": "rst", "after_s": end - start - 0.5},
+            })  # fmt: skip
+            leaver["start_after_s"] = start + FILL_LEAD_S
+        groups.append(leaver)
+    return groups
+
+
+def expand_matrix(data: Any) -> Any:
+    """Scenario data with the ``matrix`` table's groups added (replacing groups of the same
+    names); unchanged when there is no matrix or it does not validate (the scenario's own
+    validation then reports its errors where they are)."""
+    if not isinstance(data, dict) or not isinstance(data.get("matrix"), dict):
+        return data
+    try:
+        matrix = MatrixConfig.model_validate(data["matrix"])
+    except ValidationError:
+        return data
+    generated = matrix_groups(matrix)
+    names = {g["name"] for g in generated}
+    own = [
+        g for g in data.get("groups", []) if not (isinstance(g, dict) and g.get("name") in names)
+    ]
+    return {**data, "groups": [*own, *generated]}
