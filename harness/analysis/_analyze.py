@@ -24,6 +24,7 @@ from harness.analysis._engine import (
     probe_problem,
 )
 from harness.analysis._leaves import leave_figures
+from harness.analysis._matrix import matrix_cells
 from harness.analysis._proxy import proxy_summary
 from harness.analysis._saturation import saturation_summary
 from harness.analysis._stalls import abort_times, attribute_aborts
@@ -252,6 +253,7 @@ def analyze(run_dir: Path, facts: RunFacts | None = None) -> Analysis:
         proxy=proxy_summary(facts.proxy_name, facts.proxy_kind, proxy_rows),
         stalled_flows=facts.stalled_flows,
         load_workers=facts.load_workers,
+        matrix=matrix_cells(scenario.matrix, requests, chunks) if scenario.matrix else [],
     )
     return Analysis(summary=summary, requests=requests, chunks=chunks)
 

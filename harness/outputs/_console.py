@@ -10,6 +10,7 @@ from rich.table import Table
 
 from harness.gates._evaluate import GateResult
 from harness.outputs._format import fmt_number as _f
+from harness.outputs._matrix import print_matrix
 from harness.runfolder import RunSummary
 
 
@@ -53,6 +54,7 @@ def print_summary(summary: RunSummary, *, run_dir: str, console: Console | None 
         ", ".join(s.missing_metrics) or "-",
     )
     console.print(server)
+    print_matrix(summary.matrix, console)
     # Lines made of measured text are printed as they are: "[scrape-only: ...]" is no markup.
     console.print(summary.verdicts["kv_held_by_undelivered_streams"]["line"], markup=False)
     saturation = summary.client_saturation

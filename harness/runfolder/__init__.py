@@ -33,6 +33,7 @@ from harness.runfolder._io import read_json, read_parquet, to_builtin, write_jso
 from harness.runfolder._schema import (
     GroupSummary,
     LoadWorker,
+    MatrixCell,
     ProcessSaturation,
     ProxySummary,
     RunSummary,
@@ -63,6 +64,7 @@ __all__ = [
     "ENGINE_REQUESTS",
     "ENGINE_STEPS",
     "GroupSummary",
+    "MatrixCell",
     "LoadWorker",
     "ProcessSaturation",
     "ProxySummary",

@@ -194,6 +194,34 @@ class ServerSummary(BaseModel):
     engine_steps: int | None = None
 
 
+class MatrixCell(BaseModel):
+    """One cell of the disconnect matrix (``harness.analysis._matrix``), or its control
+    window (``phase`` and ``leave`` ``"control"``: victims alone). Window times are s from the
+    run's first send; latencies ms. ``phases``: where the engine had each client when it left
+    (its own records); ``aborted``: clients the engine aborted, ``leave_to_abort_*`` their
+    times from leaving; ``never_aborted`` = ``left - aborted``; ``victim_*``: the victims'
+    requests sent in the window, ``victim_ttft_p99_ratio`` against the control window."""
+
+    cell: str
+    phase: str
+    leave: str
+    window_s: tuple[float, float]
+    left: int = 0
+    phases: dict[str, int] = Field(default_factory=dict)
+    aborted: int = 0
+    never_aborted: int = 0
+    leave_to_abort_p50_ms: float | None = None
+    leave_to_abort_p90_ms: float | None = None
+    leave_to_abort_max_ms: float | None = None
+    leave_to_kv_free_p50_ms: float | None = None
+    tokens_after_leave_mean: float | None = None
+    victim_requests: int = 0
+    victim_ttft_p50_ms: float | None = None
+    victim_ttft_p99_ms: float | None = None
+    victim_itl_p99_ms: float | None = None
+    victim_ttft_p99_ratio: float | None = None
+
+
 class RunSummary(BaseModel):
     """The whole run's summary, as written to ``summary.json``."""
 
@@ -210,3 +238,4 @@ class RunSummary(BaseModel):
     # the first zero window to the RST and who sent it (netem._wire.stalled_flows).
     stalled_flows: list[dict[str, Any]] | None = None
     load_workers: list[LoadWorker] = []  # Locust workers of distributed groups (--workers)
+    matrix: list[MatrixCell] = []  # the disconnect matrix's control window and cells, in order

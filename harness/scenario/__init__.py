@@ -10,8 +10,10 @@ from harness.scenario._gate_syntax import (
     unknown_figures,
 )
 from harness.scenario._load import load_scenario, parse_scenario
+from harness.scenario._matrix import MATRIX_PHASES, VICTIMS, MatrixConfig, cell_name
 from harness.scenario._models import (
     CollectorConfig,
+    IncidentConfig,
     NamedProxyConfig,
     NetemConfig,
     Scenario,
@@ -23,16 +25,21 @@ from harness.scenario._reference import scenario_json_schema, scenario_reference
 from zwcore import ScenarioError
 
 __all__ = [
+    "MATRIX_PHASES",
     "OPS",
+    "VICTIMS",
     "CollectorConfig",
     "Gate",
     "GateSyntaxError",
+    "IncidentConfig",
+    "MatrixConfig",
     "NamedProxyConfig",
     "NetemConfig",
     "PlacementConfig",
     "Scenario",
     "ScenarioError",
     "ServerNetConfig",
+    "cell_name",
     "VerdictConfig",
     "load_scenario",
     "needs_baseline",

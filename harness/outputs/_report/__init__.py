@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import jinja2
 from markupsafe import Markup
 
 from harness.outputs._format import fmt_number
+from harness.outputs._matrix import abort_level, abort_text, matrix_grid, ratio_text, wasted_text
 from harness.outputs._report._data import (
     ReportError,
     RunData,
@@ -35,6 +37,7 @@ from harness.outputs._report._plots import (
     timeline,
 )
 from harness.outputs._report._swimlane import swimlane
+from harness.runfolder import MatrixCell
 
 __all__ = [
     "REPORT_NAME", "ReportError", "render_report", "report_or_warning",
@@ -99,7 +102,32 @@ def _scenario_text(data: RunData) -> str:
 
 # summary.json keys that have their own section; any other key is listed generically.
 _KNOWN = {"scenario", "status", "failure", "duration_s", "groups", "server", "verdicts",
-          "client_saturation"}  # fmt: skip
+          "client_saturation", "matrix"}  # fmt: skip
+
+
+def _matrix(summary: dict[str, Any]) -> dict[str, Any] | None:
+    """The disconnect matrix's grids for the template: rows of ``(text, level)`` per table."""
+    cells = [MatrixCell.model_validate(c) for c in summary.get("matrix") or []]
+    if not cells:
+        return None
+    g = matrix_grid(cells)
+
+    def rows(text: Callable[[MatrixCell], str], heat: bool) -> list[tuple[str, list[Any]]]:
+        return [
+            (p, [(text(c), abort_level(c) if heat else None) if (c := g.cells[p].get(h)) else
+                 ("-", None) for h in g.leaves])
+            for p in g.phases
+        ]  # fmt: skip
+
+    return {
+        "leaves": g.leaves,
+        "tables": [
+            ("leave to engine abort, ms p50 / max (aborted/left)", rows(abort_text, True)),
+            ("tokens decoded after leaving (mean per client)", rows(wasted_text, False)),
+            ("victims' TTFT p99, x control window", rows(ratio_text, False)),
+        ],
+        "control": g.control,
+    }
 
 
 def _context(data: RunData) -> dict[str, Any]:
@@ -131,6 +159,7 @@ def _context(data: RunData) -> dict[str, Any]:
         "duration_s": s.get("duration_s"),
         "run_dir": str(data.run_dir),
         "verdicts": _verdicts(s),
+        "matrix": _matrix(s),
         "gates": [g for g in data.gates.get("gates", []) if isinstance(g, dict)],
         "baseline": data.gates.get("baseline"),
         "exit_code": info.get("exit_code"),

@@ -1,0 +1,109 @@
+"""The disconnect matrix as heat-map tables: phases down, ways of leaving across.
+
+One grid per question: how long after leaving the engine aborted the clients (p50 and max,
+and how many of the cell's clients it aborted at all), the tokens decoded for nobody, and the
+victims' TTFT p99 against the control window. Used by the console and the HTML report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.table import Table
+
+from harness.outputs._format import fmt_number as _f
+from harness.runfolder import MatrixCell
+
+
+@dataclass(frozen=True)
+class MatrixGrid:
+    """``cells[phase][leave]``, with the row and column order of the run."""
+
+    phases: list[str]
+    leaves: list[str]
+    cells: dict[str, dict[str, MatrixCell]]
+    control: MatrixCell | None
+
+
+def matrix_grid(cells: list[MatrixCell]) -> MatrixGrid:
+    """The run's matrix cells (``RunSummary.matrix``) arranged as a grid."""
+    phases: list[str] = []
+    leaves: list[str] = []
+    grid: dict[str, dict[str, MatrixCell]] = {}
+    control = None
+    for c in cells:
+        if c.phase == "control":
+            control = c
+            continue
+        if c.phase not in phases:
+            phases.append(c.phase)
+        if c.leave not in leaves:
+            leaves.append(c.leave)
+        grid.setdefault(c.phase, {})[c.leave] = c
+    return MatrixGrid(phases, leaves, grid, control)
+
+
+def abort_text(c: MatrixCell) -> str:
+    """``"p50 / max ms (aborted/left)"``, or ``"never (0/left)"``."""
+    if not c.left:
+        return "-"
+    if not c.aborted:
+        return f"never (0/{c.left})"
+    p50, worst = _f(c.leave_to_abort_p50_ms, 0), _f(c.leave_to_abort_max_ms, 0)
+    return f"{p50} / {worst} ({c.aborted}/{c.left})"
+
+
+def abort_level(c: MatrixCell) -> int:
+    """0 (aborted within 1 s) to 3 (some never aborted): the heat of a cell."""
+    if not c.left:
+        return 0
+    if c.never_aborted:
+        return 3
+    worst = c.leave_to_abort_max_ms or 0.0
+    return 0 if worst <= 1000 else 1 if worst <= 5000 else 2
+
+
+def wasted_text(c: MatrixCell) -> str:
+    """Mean tokens the engine generated per client after it left."""
+    return _f(c.tokens_after_leave_mean, 0)
+
+
+def ratio_text(c: MatrixCell) -> str:
+    """The victims' TTFT p99 in the cell's window over the control window's."""
+    return _f(c.victim_ttft_p99_ratio, 2)
+
+
+_STYLE = ("green", "yellow", "dark_orange", "bold red")
+
+
+def print_matrix(cells: list[MatrixCell], console: Console) -> None:
+    """Print the grids of ``cells`` (nothing without cells)."""
+    if not cells:
+        return
+    g = matrix_grid(cells)
+    tables: list[tuple[str, Callable[[MatrixCell], str], bool]] = [
+        ("leave -> engine abort, ms p50 / max (aborted/left)", abort_text, True),
+        ("tokens decoded after leaving (mean per client)", wasted_text, False),
+        ("victims' TTFT p99, x control", ratio_text, False),
+    ]
+    for title, text, heat in tables:
+        table = Table(title=f"disconnect matrix: {title}", title_justify="left")
+        table.add_column("phase")
+        for leave in g.leaves:
+            table.add_column(leave, justify="right")
+        for phase in g.phases:
+            row = []
+            for leave in g.leaves:
+                c = g.cells[phase].get(leave)
+                cell = "-" if c is None else text(c)
+                row.append(f"[{_STYLE[abort_level(c)]}]{cell}[/]" if heat and c else cell)
+            table.add_row(phase, *row)
+        console.print(table)
+    if g.control is not None:
+        console.print(
+            f"[dim]control window (victims alone): TTFT p99 {_f(g.control.victim_ttft_p99_ms, 1)} "
+            f"ms over {g.control.victim_requests} requests; a client's phase is the engine's "
+            "own record of it when the client left (summary.json matrix[].phases)[/dim]"
+        )
