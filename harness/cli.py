@@ -20,6 +20,7 @@ from harness.lifecycle import (
     reanalyze,
     run_comparison,
     run_scenario,
+    run_suite,
     run_sweep,
 )
 from harness.lifecycle._sweep import parse_goodput
@@ -28,8 +29,10 @@ from harness.outputs import (
     append_step_summary,
     print_comparison,
     print_gates,
+    print_suite,
     print_summary,
     print_sweep,
+    write_suite_junit,
 )
 from harness.scenario import Scenario, ScenarioError, load_scenario
 from zwcore import ZerowindowError
@@ -42,6 +45,8 @@ app = typer.Typer(
 add_tool_commands(app)
 baseline_app = typer.Typer(help="Baselines for relative gates.", no_args_is_help=True)
 app.add_typer(baseline_app, name="baseline")
+suite_app = typer.Typer(help="The incident regression suite.", no_args_is_help=True)
+app.add_typer(suite_app, name="suite")
 app.add_typer(bench_app, name="bench")
 # What stops `run` before it measures, by the error's class (harness._cli_errors).
 _RUN_TITLES = {
@@ -289,8 +294,10 @@ def sweep(
     sla_steps: Annotated[int, typer.Option(min=1, help="bisection steps of --sla")] = 5,
     goodput: Annotated[
         list[str] | None,
-        typer.Option(help="a service-level objective KEY:MS for goodput (ttft, tpot, e2el), "
-                     "repeatable, as vllm bench serve --goodput"),
+        typer.Option(
+            help="a service-level objective KEY:MS for goodput (ttft, tpot, e2el), "
+            "repeatable, as vllm bench serve --goodput"
+        ),
     ] = None,
     serial_requests: Annotated[
         int, typer.Option(min=1, help="requests per group in the serial run, at most")
@@ -383,3 +390,48 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+@suite_app.command("run")
+def suite_run(
+    directory: Annotated[Path, typer.Argument(help="folder of incident scenarios (TOML)")],
+    target: Annotated[
+        str,
+        typer.Option(
+            help="scenario (each incident's own [target]), sim (the emulator) or vllm (a real "
+            "vLLM serving --model, started for each incident)"
+        ),
+    ] = "scenario",
+    model: Annotated[str, typer.Option(help="with --target vllm: the model")] = "models/tiny",
+    target_url: Annotated[
+        str | None, typer.Option(help="run every incident against this running server")
+    ] = None,
+    engine_dir: Annotated[
+        Path | None,
+        typer.Option(help="with --target-url: where that server's engine probe writes"),
+    ] = None,
+    only: Annotated[str | None, typer.Option(help="comma-separated incident names to run")] = None,
+    out: Annotated[Path, typer.Option(help="results root")] = Path("results"),
+) -> None:
+    """Run the incidents in DIRECTORY one after another: one JUnit test case per incident and
+    per disconnect-matrix cell in results/suite/<stamp>/junit.xml, a summary table.
+
+    Exit code: 0 every case passed (findings never fail a case), 1 a case failed, 2 invalid
+    incident or argument, 130 interrupted."""
+    with setup_errors("invalid incident", also=(ValueError,)):
+        if target not in ("scenario", "sim", "vllm"):
+            raise ValueError(f"--target {target!r}: expected scenario, sim or vllm")
+        names = [n.strip() for n in only.split(",") if n.strip()] if only else None
+        result = run_suite(
+            directory,
+            target="sim" if target == "sim" else "vllm" if target == "vllm" else "scenario",
+            target_url=target_url,
+            engine_dir=engine_dir,
+            only=names,
+            out_root=out,
+            model=model,
+        )
+    print_suite(result)
+    path = write_suite_junit(result)
+    typer.echo(f"junit: {path}")
+    raise typer.Exit(result.exit_code)

@@ -1,7 +1,7 @@
 """The run's life cycle: signals, the target and proxy, the network, the load processes (one
 Locust process per group, or a master with workers), the live progress display, proxy
-comparisons and sweeps (series of runs against one target), and the conclusion (analysis →
-gates → outputs) shared with ``zerowindow analyze``."""
+comparisons and sweeps (series of runs against one target), the incident suite, and the
+conclusion (analysis → gates → outputs) shared with ``zerowindow analyze``."""
 
 from harness.lifecycle._comparison_run import ComparisonResult, run_comparison
 from harness.lifecycle._conclude import (
@@ -25,6 +25,7 @@ from harness.lifecycle._inputs import url_target
 from harness.lifecycle._progress import RunProgress
 from harness.lifecycle._run import run_scenario
 from harness.lifecycle._signals import RunInterrupted
+from harness.lifecycle._suite import load_incidents, run_suite
 from harness.lifecycle._sweep import SweepPoint, SweepResult, run_sweep
 
 __all__ = [
@@ -42,11 +43,13 @@ __all__ = [
     "SweepResult",
     "conclude",
     "exit_code",
+    "load_incidents",
     "check_listen_address",
     "parse_address",
     "reanalyze",
     "run_comparison",
     "run_scenario",
+    "run_suite",
     "run_sweep",
     "run_worker",
     "url_target",

@@ -1,6 +1,6 @@
 """Outputs: what people and CI systems read of a run: the console tables, ``junit.xml``, the
-GitHub step summary, the HTML report, ``zerowindow compare``, the proxy comparison and the
-sweep."""
+GitHub step summary, the HTML report, ``zerowindow compare``, the proxy comparison, the
+sweep and the incident suite."""
 
 from harness.outputs._compare import compare_runs, html_page, render
 from harness.outputs._comparison import print_comparison, to_markdown, write_comparison
@@ -15,11 +15,20 @@ from harness.outputs._step_summary import (
     append_step_summary,
     step_summary_markdown,
 )
+from harness.outputs._suite import (
+    CaseOutcome,
+    SuiteResult,
+    print_suite,
+    suite_junit,
+    write_suite_junit,
+)
 from harness.outputs._sweep import print_sweep, write_sweep
 
 __all__ = [
     "STEP_SUMMARY_ENV",
+    "CaseOutcome",
     "ReportError",
+    "SuiteResult",
     "append_setup_error",
     "append_step_summary",
     "compare_runs",
@@ -28,14 +37,17 @@ __all__ = [
     "print_comparison",
     "print_gates",
     "print_summary",
+    "print_suite",
     "print_sweep",
     "render",
     "render_report",
     "report_or_warning",
     "step_summary_markdown",
+    "suite_junit",
     "to_markdown",
     "write_comparison",
     "write_junit",
     "write_report",
+    "write_suite_junit",
     "write_sweep",
 ]
