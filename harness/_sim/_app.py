@@ -217,6 +217,31 @@ async def _events(stream: RequestStream, renderer: Renderer) -> AsyncIterator[by
     yield DONE
 
 
+KEEP_ALIVE = b": keep-alive\n\n"
+
+
+async def _keep_alive(events: AsyncIterator[bytes], interval_s: float) -> AsyncIterator[bytes]:
+    """``events`` with :data:`KEEP_ALIVE` (an SSE comment, which clients ignore but proxies
+    count as traffic) whenever none came for ``interval_s``: what vLLM's
+    ``--sse-keep-alive-interval`` does (``vllm/entrypoints/serve/utils/sse_keep_alive.py``).
+    One pending ``anext`` at a time, never cancelled while the stream goes on."""
+    pending = asyncio.ensure_future(anext(events))
+    try:
+        while True:
+            done, _ = await asyncio.wait({pending}, timeout=interval_s)
+            if not done:
+                yield KEEP_ALIVE
+                continue
+            try:
+                event = pending.result()
+            except StopAsyncIteration:
+                return
+            yield event
+            pending = asyncio.ensure_future(anext(events))
+    finally:
+        pending.cancel()
+
+
 def _error(exc: RequestError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status)
 
@@ -245,9 +270,10 @@ async def _generate(request: Request, *, chat: bool) -> Response:
         return _error(RequestError(str(exc)))
     renderer = Renderer(params, config.served_model_name, response_id)
     if params.stream:
-        return _EngineStreamingResponse(
-            _events(stream, renderer), engine=engine, request_id=stream.request_id
-        )
+        events = _events(stream, renderer)
+        if config.sse_keep_alive_s > 0:
+            events = _keep_alive(events, config.sse_keep_alive_s)
+        return _EngineStreamingResponse(events, engine=engine, request_id=stream.request_id)
     return _EngineFullResponse(engine=engine, stream=stream, renderer=renderer)
 
 

@@ -79,6 +79,13 @@ class SimConfig(BaseModel):
         "socket(7)); None keeps the kernel's autotuning (net.ipv4.tcp_wmem). A small value "
         "makes a stalled client block the stream's ASGI send sooner",
     )
+    sse_keep_alive_s: float = Field(
+        default=0.0,
+        ge=0.0,
+        description="send an SSE comment (': keep-alive') whenever a stream has been idle "
+        "this long, as vLLM's --sse-keep-alive-interval (while queued, in prefill, between "
+        "tokens); 0: never",
+    )
     delivery_poll_ms: float = Field(
         default=10.0,
         gt=0.0,

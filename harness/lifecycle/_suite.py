@@ -139,7 +139,8 @@ def _incident_case(
         cell_gates = {f"{c.cell}." for c in run.summary.matrix}
         own = [g for g in run.gates if not any(g.figure.startswith(p) for p in cell_gates)]
         case.failures += _gate_failures(own, prefix)
-        case.findings += evaluate_gates(scenario.incident.findings, figures(run.summary))
+        found = evaluate_gates(scenario.incident.findings, figures(run.summary))
+        case.findings += [(label if len(runs) > 1 else "", g) for g in found]
         case.details.append(f"{prefix}run folder {run.run_dir}")
         case.duration_s += run.summary.duration_s
     if failure and case.error is None and not case.failures:

@@ -22,12 +22,14 @@ SUITE_JUNIT = "junit.xml"
 class CaseOutcome:
     """One test case of the suite: an incident or one cell of a matrix. ``failures``: why
     the stack failed it (empty: passed); ``findings``: the findings' results (never failures);
-    ``details``: lines a person reads (figures, run folders)."""
+    ``details``: lines a person reads (figures, run folders). A finding is ``(label,
+    result)``: the configuration it was measured in (``""`` for a scenario without
+    ``proxies``)."""
 
     name: str
     incident: str
     failures: list[str] = field(default_factory=list)
-    findings: list[GateResult] = field(default_factory=list)
+    findings: list[tuple[str, GateResult]] = field(default_factory=list)
     details: list[str] = field(default_factory=list)
     error: str | None = None  # the run did not complete (an error, not a failure)
     duration_s: float = 0.0
@@ -47,9 +49,11 @@ class SuiteResult:
     exit_code: int = 0
 
 
-def finding_line(g: GateResult) -> str:
-    """``finding <gate>: holds|does not hold (<reason>)``."""
-    return f"finding {g.gate}: {'holds' if g.passed else 'does not hold'} ({g.reason})"
+def finding_line(finding: tuple[str, GateResult]) -> str:
+    """``[<label>: ]<gate>: holds|does not hold (<reason>)``."""
+    label, g = finding
+    where = f"{label}: " if label else ""
+    return f"{where}{g.gate}: {'holds' if g.passed else 'does not hold'} ({g.reason})"
 
 
 def _case(c: CaseOutcome) -> TestCase:
@@ -95,7 +99,7 @@ def print_suite(result: SuiteResult, *, console: Console | None = None) -> None:
             "[green]passed[/]"
         )  # fmt: skip
         why = c.error or "; ".join(c.failures) or (c.details[-1] if "[" in c.name else "")
-        found = "\n".join(finding_line(g) for g in c.findings)
+        found = "\n".join(map(finding_line, c.findings))
         table.add_row(escape(c.name), verdict, escape(why), escape(found))
     console.print(table)
     failed = sum(not c.passed for c in result.cases)

