@@ -410,6 +410,10 @@ def suite_run(
         Path | None,
         typer.Option(help="with --target-url: where that server's engine probe writes"),
     ] = None,
+    served_model_name: Annotated[
+        str | None,
+        typer.Option(help="with --target-url: the model to ask for (default: its first)"),
+    ] = None,
     only: Annotated[str | None, typer.Option(help="comma-separated incident names to run")] = None,
     out: Annotated[Path, typer.Option(help="results root")] = Path("results"),
 ) -> None:
@@ -430,6 +434,7 @@ def suite_run(
             only=names,
             out_root=out,
             model=model,
+            served_model_name=served_model_name,
         )
     print_suite(result)
     path = write_suite_junit(result)

