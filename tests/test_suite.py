@@ -9,9 +9,9 @@ it closes, one that vanishes is never aborted and decodes for nobody.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from junitparser import JUnitXml
 
@@ -58,7 +58,7 @@ def test_quick_incidents_pass_on_the_emulator(tmp_path: Path) -> None:
     assert all(not case.result for case in cases.values())  # type: ignore[attr-defined]
     out = {name: case.system_out for name, case in cases.items()}  # type: ignore[attr-defined]
     # The findings are measured and reported, whichever way they come out.
-    assert "stalled.left_aborted == 0: holds" in out["zombie-decode"]
+    assert "stalled.zombies == 4: holds" in out["zombie-decode"]
     assert "long.outcome.cut_by_peer == 2: holds" in out["route-timeout"]
     assert "long-prompt.outcome.complete == 0: holds" in out["idle-timeout-long-ttft"]
     assert "sndbuf-4k: stalled.cut_seen == 4: holds" in out["wmem-stall-detection"]
@@ -87,7 +87,7 @@ def test_the_matrix_expands_into_victims_cells_and_fillers() -> None:
     assert groups["victims"]["arrival"]["duration_s"] == matrix.timeline_s == 5 * 6.0
     assert groups["queued-fin"]["action"] == {"kind": "leave", "how": "fin", "after_s": 0.5}
     assert groups["queued-fin"]["start_after_s"] == pytest.approx(6.0 + 0.3)
-    assert groups["decode-vanish"]["action"]["after_tokens"] == matrix.decode_after_tokens
+    assert groups["decode-vanish"]["action"]["after_s"] == matrix.decode_leave_after_s
     assert groups["decode-vanish"]["start_after_s"] == 4 * 6.0
 
 
@@ -137,19 +137,24 @@ def test_the_disconnect_matrix_on_vllm(
     )  # fmt: skip
     cases = _cases(next(tmp_path.glob("suite/*/junit.xml")))
     assert "disconnect-matrix[decode-vanish]" in cases and len(cases) == 1 + 18
-    summary = json.loads(
-        next(tmp_path.glob("suite/*/disconnect-matrix/*/summary.json")).read_text()
-    )
-    cells = {c["cell"]: c for c in summary["matrix"]}
+    run_dir = next(tmp_path.glob("suite/*/disconnect-matrix/*/"))
+    requests = pd.read_parquet(run_dir / "requests.parquet")
+    # Judge each client by where the engine's own record had it when it left.
+    running = requests["leave_phase"].isin(["queued", "prefill", "decode"])
+    closed = requests["group"].isin(["decode-fin", "decode-rst", "queued-fin", "queued-rst"])
+    # A FIN or RST is noticed and the request aborted "within about a second", in any phase.
+    gone = requests[closed & running]
+    assert (gone["engine_finish_reason"] == "abort").all(), gone
+    assert (gone["leave_to_abort_ms"] < 2000).all(), gone
+    decoding = requests[requests["leave_phase"] == "decode"]
+    assert len(decoding[decoding["group"].isin(["decode-fin", "decode-rst"])]) >= 3, requests
     stall_s = 1.5  # the scenario's stall_s
-    for how in ("fin", "rst"):
-        c = cells[f"decode-{how}"]
-        assert c["phases"] == {"decode": 3} and c["aborted"] == 3, c
-        assert c["leave_to_abort_max_ms"] < 2000, c  # "within about a second"
     for how in ("stall_fin", "stall_rst"):
-        c = cells[f"decode-{how}"]
-        if c["aborted"]:  # not before the close that ends the stall; or never, if it ended first
-            assert c["leave_to_abort_p50_ms"] >= stall_s * 1000 - 50, c
-    vanished = cells["decode-vanish"]
-    assert vanished["aborted"] == 0 and vanished["tokens_after_leave_mean"] > 0, vanished
+        left = decoding[decoding["group"] == f"decode-{how}"]
+        aborted = left["leave_to_abort_ms"].dropna()
+        # Never aborted during the stall: only after the close, or never if it finished first.
+        assert (aborted >= stall_s * 1000 - 50).all(), left
+    vanished = decoding[decoding["group"] == "decode-vanish"]
+    assert len(vanished) >= 1 and vanished["leave_to_abort_ms"].isna().all(), vanished
+    assert (vanished["tokens_after_leave"] > 0).all(), vanished
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]

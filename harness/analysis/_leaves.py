@@ -8,7 +8,8 @@ leave, or where the engine's side is unknown):
   of the stall), monotonic s;
 - ``leave_phase``: where the engine had the request then, from its own records:
   ``queued`` (not yet scheduled), ``prefill`` (scheduled, no token yet), ``decode``
-  (generating), ``finished`` (generation had ended); ``None`` without engine records;
+  (generating), ``finished`` (generation had ended), ``frontend`` (the engine never had it:
+  the server's front-end dropped it first, or refused it); ``None`` without engine records;
 - ``leave_to_abort_ms``: from leaving to the engine's abort (``t_engine_abort``: the engine's
   own record when it wrote one, else the estimate from the scraped counters); NaN if the
   engine did not abort the request (it finished it, or never did within the run);
@@ -27,13 +28,23 @@ from harness.analysis._engine import received_by
 LEAVE_COLUMNS = [
     "t_leave", "leave_phase", "leave_to_abort_ms", "leave_to_kv_free_ms", "tokens_after_leave",
 ]  # fmt: skip
-PHASES = ("queued", "prefill", "decode", "finished")
+PHASES = ("queued", "prefill", "decode", "finished", "frontend")
+RUNNING_PHASES = ("queued", "prefill", "decode")
 
 
-def _phase(row: pd.Series) -> str | None:
+def zombies(gone: pd.DataFrame) -> int:
+    """Clients of ``gone`` (rows with a ``t_leave``) that left while the engine still had
+    their request (:data:`RUNNING_PHASES`) and that it never aborted."""
+    running = gone["leave_phase"].isin(RUNNING_PHASES)
+    return int((running & gone["leave_to_abort_ms"].isna()).sum())
+
+
+def _phase(row: pd.Series, engine_seen: bool) -> str | None:
     t = row["t_leave"]
-    if pd.isna(t) or pd.isna(row.get("t_engine_arrival")):
+    if pd.isna(t):
         return None
+    if pd.isna(row.get("t_engine_arrival")):
+        return "frontend" if engine_seen else None
     if pd.isna(row["t_engine_first_scheduled"]) or t < row["t_engine_first_scheduled"]:
         return "queued"
     if pd.isna(row["t_engine_first_token"]) or t < row["t_engine_first_token"]:
@@ -49,8 +60,9 @@ def leave_figures(requests: pd.DataFrame, chunks: pd.DataFrame) -> pd.DataFrame:
     out = requests.copy()
     left = out["action"] == "leave"
     out["t_leave"] = out["t_action"].where(left).astype(float)
+    engine_seen = bool(out["engine_request_id"].notna().any())  # the engine's records joined
     out["leave_phase"] = pd.Series(
-        [_phase(row) for _, row in out.iterrows()], index=out.index, dtype=object
+        [_phase(row, engine_seen) for _, row in out.iterrows()], index=out.index, dtype=object
     )
     abort = out["t_engine_abort"] if "t_engine_abort" in out else np.nan
     out["leave_to_abort_ms"] = (abort - out["t_leave"]) * 1000.0

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pandas as pd
 
 from harness.analysis._latency import per_token_itl_s, percentile
+from harness.analysis._leaves import zombies
 from harness.runfolder import MatrixCell
 from harness.scenario import VICTIMS, MatrixConfig, cell_name
 
@@ -39,6 +40,7 @@ def _leavers(cell: MatrixCell, gone: pd.DataFrame) -> MatrixCell:
             "phases": {str(k): int(v) for k, v in gone["leave_phase"].value_counts().items()},
             "aborted": len(to_abort),
             "never_aborted": len(gone) - len(to_abort),
+            "zombies": zombies(gone),
             "leave_to_abort_p50_ms": percentile(to_abort, 50),
             "leave_to_abort_p90_ms": percentile(to_abort, 90),
             "leave_to_abort_max_ms": float(to_abort.max()) if len(to_abort) else None,

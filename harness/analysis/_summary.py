@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from harness.analysis._latency import inter_chunk_s, per_token_itl_s, percentile
+from harness.analysis._leaves import zombies
 from harness.analysis._stalls import generation_tokens, undelivered_tokens
 from harness.runfolder import GroupSummary, ServerSummary
 
@@ -97,6 +98,7 @@ def _leave_figures(req: pd.DataFrame) -> dict[str, Any]:
     return {
         "left": len(gone),
         "left_aborted": len(to_abort),
+        "zombies": zombies(gone),
         "leave_to_abort_p50_ms": percentile(to_abort, 50),
         "leave_to_abort_p90_ms": percentile(to_abort, 90),
         "leave_to_abort_max_ms": _maybe(to_abort.max()) if len(to_abort) else None,

@@ -47,6 +47,10 @@ def _record_head(line: bytes) -> dict[str, Any] | None:
     return head if isinstance(head, dict) else None
 
 
+LINE_GROUPS_MAX = 6
+"""Groups a plain progress line names at most (the latest that finished requests)."""
+
+
 @dataclass
 class _GroupState:
     finished: int = 0
@@ -216,9 +220,12 @@ class RunProgress:
         """The current state as one plain line."""
         s = self._snapshot or self._take_snapshot()
         finished = sum(n for n, _ in s.groups.values())
-        per_group = ", ".join(
-            f"{g} {n} (TTFT p50 {_f(p50, '.0f')} ms)" for g, (n, p50) in s.groups.items()
-        )
+        shown = list(s.groups.items())
+        if len(shown) > LINE_GROUPS_MAX:  # a matrix has dozens: those that finished something
+            shown = [(g, v) for g, v in shown if v[0]][-LINE_GROUPS_MAX:]
+        per_group = ", ".join(f"{g} {n} (TTFT p50 {_f(p50, '.0f')} ms)" for g, (n, p50) in shown)
+        if len(shown) < len(s.groups):
+            per_group = f"{per_group} (last {len(shown)} of {len(s.groups)} groups)"
         left = "" if s.remaining_s is None else f", at most {s.remaining_s:.0f} s left"
         return (
             f"[{s.elapsed_s:6.1f} s] {self._scenario}: {s.phase}{left}; "

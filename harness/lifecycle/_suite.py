@@ -32,6 +32,7 @@ from harness.gates import GateResult, evaluate_gates
 from harness.lifecycle._comparison_run import run_comparison
 from harness.lifecycle._conclude import EXIT_FAILED, EXIT_INTERRUPTED, RunResult
 from harness.lifecycle._run import run_scenario
+from harness.lifecycle._signals import RunInterrupted, signals_raise
 from harness.outputs import CaseOutcome, SuiteResult
 from harness.runfolder import MatrixCell, figures
 from harness.scenario import Scenario, load_scenario
@@ -169,6 +170,26 @@ def _incident_case(
     return case
 
 
+def _run_incident(path: Path, scenario: Scenario, out: Path, result: SuiteResult) -> bool:
+    """Run one incident into ``out`` and add its cases to ``result``; ``False`` when the run
+    was interrupted."""
+    runs: dict[str, RunResult] = {}
+    try:
+        if scenario.proxies:
+            comparison = run_comparison(scenario, scenario_path=path, out_root=out)
+            runs, failure, code = comparison.runs, comparison.failure, comparison.exit_code
+        else:
+            run = run_scenario(scenario, scenario_path=path, out_root=out)
+            runs, failure, code = {scenario.name: run}, None, run.exit_code
+    except ScenarioError as exc:  # this stack cannot run it (a namespace, a baseline...)
+        failure, code = f"cannot run against this target: {exc}", EXIT_FAILED
+    result.cases.append(_incident_case(scenario, runs, failure))
+    if scenario.matrix is not None:
+        for run in runs.values():
+            result.cases += _matrix_cases(scenario.name, run)
+    return code != EXIT_INTERRUPTED
+
+
 def run_suite(
     directory: Path,
     *,
@@ -195,23 +216,13 @@ def run_suite(
     out = out_root / "suite" / stamp
     out.mkdir(parents=True, exist_ok=True)
     result = SuiteResult(out)
-    for path, scenario in incidents:
-        runs: dict[str, RunResult] = {}
+    with signals_raise():
         try:
-            if scenario.proxies:
-                comparison = run_comparison(scenario, scenario_path=path, out_root=out)
-                runs, failure, code = comparison.runs, comparison.failure, comparison.exit_code
-            else:
-                run = run_scenario(scenario, scenario_path=path, out_root=out)
-                runs, failure, code = {scenario.name: run}, None, run.exit_code
-        except ScenarioError as exc:  # this stack cannot run it (a namespace, a baseline...)
-            failure, code = f"cannot run against this target: {exc}", EXIT_FAILED
-        case = _incident_case(scenario, runs, failure)
-        result.cases.append(case)
-        if scenario.matrix is not None:
-            for run in runs.values():
-                result.cases += _matrix_cases(scenario.name, run)
-        if code == EXIT_INTERRUPTED:
+            for path, scenario in incidents:
+                if not _run_incident(path, scenario, out, result):
+                    result.exit_code = EXIT_INTERRUPTED
+                    return result
+        except RunInterrupted:  # between two incidents
             result.exit_code = EXIT_INTERRUPTED
             return result
     if any(not c.passed for c in result.cases):

@@ -46,20 +46,26 @@ def matrix_grid(cells: list[MatrixCell]) -> MatrixGrid:
 
 
 def abort_text(c: MatrixCell) -> str:
-    """``"p50 / max ms (aborted/left)"``, or ``"never (0/left)"``."""
+    """``"p50 / max ms (aborted/left)"``, ``"never (0/left)"`` when some left while the engine
+    still ran them, else ``"none to abort (0/left: <phases>)"`` (they left after generation
+    ended, or the engine never had them)."""
     if not c.left:
         return "-"
     if not c.aborted:
-        return f"never (0/{c.left})"
+        if c.zombies:
+            return f"never (0/{c.left})"
+        where = ", ".join(f"{p} {n}" for p, n in c.phases.items()) or "phase unknown"
+        return f"none to abort (0/{c.left}: {where})"
     p50, worst = _f(c.leave_to_abort_p50_ms, 0), _f(c.leave_to_abort_max_ms, 0)
     return f"{p50} / {worst} ({c.aborted}/{c.left})"
 
 
 def abort_level(c: MatrixCell) -> int:
-    """0 (aborted within 1 s) to 3 (some never aborted): the heat of a cell."""
+    """0 (aborted within 1 s) to 3 (some left while running and were never aborted): the heat
+    of a cell."""
     if not c.left:
         return 0
-    if c.never_aborted:
+    if c.zombies:
         return 3
     worst = c.leave_to_abort_max_ms or 0.0
     return 0 if worst <= 1000 else 1 if worst <= 5000 else 2

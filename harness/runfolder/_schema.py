@@ -140,6 +140,9 @@ class GroupSummary(BaseModel):
     # that the client never received (wasted decode), and the phase each was in when it left.
     left: int = 0
     left_aborted: int = 0
+    # Left while the engine still had the request (queued, prefill, decode), never aborted: it
+    # ran to the end for nobody.
+    zombies: int = 0
     leave_to_abort_p50_ms: float | None = None
     leave_to_abort_p90_ms: float | None = None
     leave_to_abort_max_ms: float | None = None
@@ -199,7 +202,8 @@ class MatrixCell(BaseModel):
     window (``phase`` and ``leave`` ``"control"``: victims alone). Window times are s from the
     run's first send; latencies ms. ``phases``: where the engine had each client when it left
     (its own records); ``aborted``: clients the engine aborted, ``leave_to_abort_*`` their
-    times from leaving; ``never_aborted`` = ``left - aborted``; ``victim_*``: the victims'
+    times from leaving; ``never_aborted`` = ``left - aborted``, of which ``zombies`` left while
+    the engine still had the request (the others left after it finished); ``victim_*``: the victims'
     requests sent in the window, ``victim_ttft_p99_ratio`` against the control window."""
 
     cell: str
@@ -210,6 +214,7 @@ class MatrixCell(BaseModel):
     phases: dict[str, int] = Field(default_factory=dict)
     aborted: int = 0
     never_aborted: int = 0
+    zombies: int = 0
     leave_to_abort_p50_ms: float | None = None
     leave_to_abort_p90_ms: float | None = None
     leave_to_abort_max_ms: float | None = None

@@ -10,8 +10,11 @@ its own window of ``cell_s`` seconds, after a control window in which only the v
   together: ``queued`` ``leave_after_s`` after the send while ``queue_fill`` long requests
   (group ``<phase>-<leave>-fill``, sent just before; they reset at the window's end) hold
   every batch slot (``queue_fill`` must be at least the engine's ``max_num_seqs``);
-  ``prefill`` ``prefill_leave_after_s`` after sending a ``prefill_prompt_tokens`` prompt;
-  ``decode`` after ``decode_after_tokens`` tokens. ``stall_*`` ways stall ``stall_s`` first.
+  ``prefill`` ``prefill_leave_after_s`` after sending a ``prefill_prompt_tokens`` prompt
+  (asking ``prefill_max_tokens``);
+  ``decode`` ``decode_leave_after_s`` after the send (by time: a load process late to read, on
+  a busy machine, still leaves while the engine decodes; ``None``: after
+  ``decode_after_tokens`` tokens). ``stall_*`` ways stall ``stall_s`` first.
 
 The phase a client really left in is read from the engine's own records afterwards
 (``harness.analysis._leaves``): a cell says what was intended, the analysis what happened.
@@ -46,8 +49,18 @@ class MatrixConfig(BaseModel):
     max_tokens: int = Field(512, ge=1, description="output asked by leavers and fillers")
     prompt_tokens: int = Field(32, ge=1)
     leave_after_s: float = Field(0.5, gt=0, description="queued: leave this long after send")
-    prefill_prompt_tokens: int = Field(1000, ge=1)
-    prefill_leave_after_s: float = Field(0.05, gt=0)
+    prefill_prompt_tokens: int = Field(300, ge=1)
+    prefill_max_tokens: int = Field(
+        128, ge=1, description="prefill: output asked (prompt and output fit the context)"
+    )
+    prefill_leave_after_s: float = Field(0.02, gt=0)
+    decode_leave_after_s: float | None = Field(
+        0.3,
+        gt=0,
+        description="decode: leave this long after the send, reading nothing before (a load "
+        "process late to read still leaves while the engine decodes); None: after "
+        "decode_after_tokens tokens",
+    )
     decode_after_tokens: int = Field(8, ge=1)
     stall_s: float = Field(2.0, gt=0, description="stall_fin, stall_rst: stall this long")
     queue_fill: int = Field(16, ge=1, description="queued cells: requests that fill the batch")
@@ -78,9 +91,13 @@ def cell_name(phase: str, leave: str) -> str:
 
 def _leave(matrix: MatrixConfig, phase: str, how: str) -> dict[str, Any]:
     stall = {"stall_s": matrix.stall_s} if how.startswith("stall_") else {}
-    if phase == "decode":
+    if phase == "decode" and matrix.decode_leave_after_s is None:
         return {"kind": "leave", "how": how, "after_tokens": matrix.decode_after_tokens, **stall}
-    after = matrix.leave_after_s if phase == "queued" else matrix.prefill_leave_after_s
+    after = {
+        "queued": matrix.leave_after_s,
+        "prefill": matrix.prefill_leave_after_s,
+        "decode": matrix.decode_leave_after_s,
+    }[phase]
     return {"kind": "leave", "how": how, "after_s": after, **stall}
 
 
@@ -113,6 +130,7 @@ def matrix_groups(matrix: MatrixConfig) -> list[dict[str, Any]]:
         }
         if phase == "prefill":
             leaver["prompt_tokens"] = matrix.prefill_prompt_tokens
+            leaver["max_tokens"] = matrix.prefill_max_tokens
         if phase == "queued":
             groups.append({
                 "name": f"{name}-fill",
