@@ -84,7 +84,7 @@ def test_the_matrix_expands_into_victims_cells_and_fillers() -> None:
         "victims", "queued-fin-fill", "queued-fin", "queued-vanish-fill", "queued-vanish",
         "decode-fin", "decode-vanish",
     ]  # fmt: skip
-    assert groups["victims"]["arrival"]["duration_s"] == matrix.timeline_s == 5 * 6.0
+    assert groups["victims"]["arrival"]["duration_s"] == matrix.timeline_s == 5 * 6.0 + 8.0
     assert groups["queued-fin"]["action"] == {"kind": "leave", "how": "fin", "after_s": 0.5}
     assert groups["queued-fin"]["start_after_s"] == pytest.approx(6.0 + 0.3)
     assert groups["decode-vanish"]["action"]["after_s"] == matrix.decode_leave_after_s

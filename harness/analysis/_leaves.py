@@ -39,19 +39,19 @@ def zombies(gone: pd.DataFrame) -> int:
     return int((running & gone["leave_to_abort_ms"].isna()).sum())
 
 
-def _phase(row: pd.Series, engine_seen: bool) -> str | None:
-    t = row["t_leave"]
-    if pd.isna(t):
-        return None
-    if pd.isna(row.get("t_engine_arrival")):
-        return "frontend" if engine_seen else None
-    if pd.isna(row["t_engine_first_scheduled"]) or t < row["t_engine_first_scheduled"]:
-        return "queued"
-    if pd.isna(row["t_engine_first_token"]) or t < row["t_engine_first_token"]:
-        return "prefill"
-    if pd.isna(row["t_generation_end"]) or t < row["t_generation_end"]:
-        return "decode"
-    return "finished"
+def _phases(out: pd.DataFrame) -> pd.Series:
+    """``leave_phase`` of each row of ``out`` (see the module docstring)."""
+    t = out["t_leave"]
+    engine_seen = bool(out["engine_request_id"].notna().any())  # the engine's records joined
+    scheduled, first = out["t_engine_first_scheduled"], out["t_engine_first_token"]
+    ended = out["t_generation_end"]
+    phase = pd.Series("finished", index=out.index, dtype=object)  # later rules win
+    phase[ended.isna() | (t < ended)] = "decode"
+    phase[first.isna() | (t < first)] = "prefill"
+    phase[scheduled.isna() | (t < scheduled)] = "queued"
+    phase[out["t_engine_arrival"].isna()] = "frontend" if engine_seen else None
+    phase[t.isna()] = None
+    return phase
 
 
 def leave_figures(requests: pd.DataFrame, chunks: pd.DataFrame) -> pd.DataFrame:
@@ -60,10 +60,7 @@ def leave_figures(requests: pd.DataFrame, chunks: pd.DataFrame) -> pd.DataFrame:
     out = requests.copy()
     left = out["action"] == "leave"
     out["t_leave"] = out["t_action"].where(left).astype(float)
-    engine_seen = bool(out["engine_request_id"].notna().any())  # the engine's records joined
-    out["leave_phase"] = pd.Series(
-        [_phase(row, engine_seen) for _, row in out.iterrows()], index=out.index, dtype=object
-    )
+    out["leave_phase"] = _phases(out)
     abort = out["t_engine_abort"] if "t_engine_abort" in out else np.nan
     out["leave_to_abort_ms"] = (abort - out["t_leave"]) * 1000.0
     out["leave_to_kv_free_ms"] = (out["t_kv_freed"] - out["t_leave"]) * 1000.0

@@ -5,7 +5,9 @@ with one way of leaving (:data:`loadgen.LEAVE_STYLES`). Cells run one after anot
 its own window of ``cell_s`` seconds, after a control window in which only the victims run:
 
 - ``victims``: an open-loop group (constant ``victim_rps``, short requests, full-speed reads)
-  for the whole timeline, whose TTFT and ITL in each window say what the cell cost the others;
+  for the whole timeline, whose TTFT and ITL in each window say what the cell cost the others,
+  and ``tail_s`` more (the last cell's zombies decode to the end before the run ends: at its
+  end the run releases the vanished connections, and the server hears them close);
 - per cell ``<phase>-<leave>``: ``repeats`` clients sent at the window's start that leave
   together: ``queued`` ``leave_after_s`` after the send while ``queue_fill`` long requests
   (group ``<phase>-<leave>-fill``, sent just before; they reset at the window's end) hold
@@ -64,6 +66,12 @@ class MatrixConfig(BaseModel):
     decode_after_tokens: int = Field(8, ge=1)
     stall_s: float = Field(2.0, gt=0, description="stall_fin, stall_rst: stall this long")
     queue_fill: int = Field(16, ge=1, description="queued cells: requests that fill the batch")
+    tail_s: float = Field(
+        8.0,
+        ge=0,
+        description="victims go on this long after the last cell, so that its zombies decode "
+        "to the end before the run ends (and releases the vanished connections)",
+    )
     victim_rps: float = Field(4.0, gt=0)
     victim_max_tokens: int = Field(32, ge=1)
     victim_prompt_tokens: int = Field(32, ge=1)
@@ -80,8 +88,8 @@ class MatrixConfig(BaseModel):
 
     @property
     def timeline_s(self) -> float:
-        """Control window plus every cell (s)."""
-        return (len(self.cells()) + 1) * self.cell_s
+        """Control window, every cell and the tail (s): how long the victims send."""
+        return (len(self.cells()) + 1) * self.cell_s + self.tail_s
 
 
 def cell_name(phase: str, leave: str) -> str:
