@@ -398,8 +398,8 @@ def suite_run(
     target: Annotated[
         str,
         typer.Option(
-            help="scenario (each incident's own [target]), sim (the emulator) or vllm (a real "
-            "vLLM serving --model, started for each incident)"
+            help="scenario (each incident's own target table), sim (the emulator) or vllm (a "
+            "real vLLM serving --model, started for each incident)"
         ),
     ] = "scenario",
     model: Annotated[str, typer.Option(help="with --target vllm: the model")] = "models/tiny",
@@ -422,10 +422,17 @@ def suite_run(
 
     Exit code: 0 every case passed (findings never fail a case), 1 a case failed, 2 invalid
     incident or argument, 130 interrupted."""
-    with setup_errors("invalid incident", also=(ValueError,)):
+    titles = {ValueError: "invalid argument", ZerowindowError: "invalid incident or argument"}
+    with setup_errors(titles, also=(ValueError,)):
         if target not in ("scenario", "sim", "vllm"):
             raise ValueError(f"--target {target!r}: expected scenario, sim or vllm")
-        names = [n.strip() for n in only.split(",") if n.strip()] if only else None
+        if target_url is not None and target != "scenario":
+            raise ValueError(f"give --target {target} or --target-url, not both")
+        if engine_dir is not None and target_url is None:
+            raise ValueError("--engine-dir is for --target-url (a server this run does not start)")
+        names = [n.strip() for n in only.split(",") if n.strip()] if only is not None else None
+        if names is not None and not names:
+            raise ValueError("--only: give incident names, comma-separated")
         result = run_suite(
             directory,
             target="sim" if target == "sim" else "vllm" if target == "vllm" else "scenario",

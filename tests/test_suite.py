@@ -17,6 +17,7 @@ from junitparser import JUnitXml
 
 from harness.lifecycle import load_incidents
 from harness.lifecycle._suite import retarget
+from harness.outputs import CaseOutcome, SuiteResult, write_suite_junit
 from harness.scenario import MatrixConfig, ScenarioError, load_scenario, parse_scenario
 from harness.scenario._matrix import matrix_groups
 from harness.servers import SimTargetConfig, UrlTargetConfig
@@ -75,6 +76,22 @@ def test_bad_suite_inputs_are_clear_errors(tmp_path: Path) -> None:
     assert res.returncode == 2 and "no scenario there has an [incident] table" in res.stderr
     res = run_cli("suite", "run", str(INCIDENTS), "--target", "gpu", "--out", str(tmp_path))
     assert res.returncode == 2 and "--target 'gpu'" in res.stderr
+    res = run_cli("suite", "run", str(INCIDENTS), "--target", "sim", "--target-url",
+                  "http://127.0.0.1:1", "--out", str(tmp_path))  # fmt: skip
+    assert res.returncode == 2 and "not both" in res.stderr
+    res = run_cli("suite", "run", str(INCIDENTS), "--target-url", "http://127.0.0.1:1",
+                  "--out", str(tmp_path))  # fmt: skip
+    assert res.returncode == 2 and "no server answers there" in res.stderr
+    res = run_cli("suite", "run", str(INCIDENTS), "--only", "", "--out", str(tmp_path))
+    assert res.returncode == 2 and "--only: give incident names" in res.stderr
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    text = (INCIDENTS / "zombie-decode.toml").read_text()
+    (bad / "z.toml").write_text(text.replace('"stalled.zombies == 4"', '"stalled.nope == 0"'))
+    res = run_cli("suite", "run", str(bad), "--out", str(tmp_path))
+    line = next(i for i, ln in enumerate(text.splitlines(), 1) if "stalled.zombies" in ln)
+    assert res.returncode == 2 and f"z.toml:{line}: field 'incident.findings.0'" in res.stderr
+    assert "Traceback" not in res.stderr
 
 
 def test_the_matrix_expands_into_victims_cells_and_fillers() -> None:
@@ -170,3 +187,19 @@ def test_the_disconnect_matrix_on_vllm(
     failed = {n: c.result[0].message for n, c in cases.items() if c.result}  # type: ignore[attr-defined]
     assert res.returncode == (1 if failed else 0), res.stdout[-4000:] + res.stderr[-2000:]
     assert all("was not measured" in m for m in failed.values()), failed
+
+
+def test_junit_marks_skipped_and_failed_cases(tmp_path: Path) -> None:
+    result = SuiteResult(
+        tmp_path,
+        [
+            CaseOutcome("a", "a", failures=["a.x <= 1: measured 2"]),
+            CaseOutcome("b", "b", error="run failed: boom"),
+            CaseOutcome("c", "c", skipped="not run: the suite was interrupted"),
+            CaseOutcome("d", "d", details=["source: x"]),
+        ],
+    )
+    cases = _cases(write_suite_junit(result))
+    kinds = {n: type(c.result[0]).__name__ if c.result else "passed" for n, c in cases.items()}  # type: ignore[attr-defined]
+    assert kinds == {"a": "Failure", "b": "Error", "c": "Skipped", "d": "passed"}
+    assert [c.passed for c in result.cases] == [False, False, False, True]

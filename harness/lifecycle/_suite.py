@@ -77,6 +77,8 @@ def served_model(target_url: str) -> str:
         response = httpx.get(f"{target_url.rstrip('/')}/v1/models", timeout=10.0)
         response.raise_for_status()
         return str(response.json()["data"][0]["id"])
+    except httpx.TransportError as exc:
+        raise ScenarioError(f"--target-url {target_url}: no server answers there ({exc})") from None
     except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
         raise ScenarioError(
             f"--target-url {target_url}: cannot read its model from /v1/models ({exc}); "
@@ -159,8 +161,11 @@ def _incident_case(
         cell_gates = {f"{c.cell}." for c in run.summary.matrix}
         own = [g for g in run.gates if not any(g.figure.startswith(p) for p in cell_gates)]
         case.failures += _gate_failures(own, prefix)
-        found = evaluate_gates(scenario.incident.findings, figures(run.summary))
-        case.findings += [(label if len(runs) > 1 else "", g) for g in found]
+        if run.summary.status == "complete":  # an incomplete run's figures are not findings
+            found = evaluate_gates(scenario.incident.findings, figures(run.summary))
+            case.findings += [(label if len(runs) > 1 else "", g) for g in found]
+        else:
+            case.details.append(f"{prefix}findings not evaluated: the run did not complete")
         case.details.append(f"{prefix}run folder {run.run_dir}")
         case.duration_s += run.summary.duration_s
     if failure and case.error is None and not case.failures:
@@ -220,10 +225,15 @@ def run_suite(
         try:
             for path, scenario in incidents:
                 if not _run_incident(path, scenario, out, result):
-                    result.exit_code = EXIT_INTERRUPTED
-                    return result
-        except RunInterrupted:  # between two incidents
+                    raise RunInterrupted("signal")
+        except RunInterrupted:  # during an incident, or between two
             result.exit_code = EXIT_INTERRUPTED
+            ran = {c.incident for c in result.cases}
+            result.cases += [
+                CaseOutcome(s.name, s.name, skipped="not run: the suite was interrupted")
+                for _, s in incidents
+                if s.name not in ran
+            ]
             return result
     if any(not c.passed for c in result.cases):
         result.exit_code = EXIT_FAILED

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from junitparser import Error, Failure, JUnitXml, TestCase, TestSuite
+from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -32,11 +32,12 @@ class CaseOutcome:
     findings: list[tuple[str, GateResult]] = field(default_factory=list)
     details: list[str] = field(default_factory=list)
     error: str | None = None  # the run did not complete (an error, not a failure)
+    skipped: str | None = None  # why it did not run
     duration_s: float = 0.0
 
     @property
     def passed(self) -> bool:
-        return not self.failures and self.error is None
+        return not self.failures and self.error is None and self.skipped is None
 
 
 @dataclass
@@ -58,7 +59,9 @@ def finding_line(finding: tuple[str, GateResult]) -> str:
 
 def _case(c: CaseOutcome) -> TestCase:
     case = TestCase(c.name, classname=f"zerowindow.suite.{c.incident}", time=c.duration_s)
-    if c.error is not None:
+    if c.skipped is not None:
+        case.result = [Skipped(c.skipped)]
+    elif c.error is not None:
         case.result = [Error(c.error, type_="run_failed")]
     elif c.failures:
         case.result = [Failure("; ".join(c.failures), type_="stack_failed")]
@@ -95,13 +98,18 @@ def print_suite(result: SuiteResult, *, console: Console | None = None) -> None:
         table.add_column(col)
     for c in result.cases:
         verdict = (
-            "[bold red]ERROR[/]" if c.error else "[bold red]FAILED[/]" if c.failures else
-            "[green]passed[/]"
+            "[yellow]skipped[/]" if c.skipped else "[bold red]ERROR[/]" if c.error else
+            "[bold red]FAILED[/]" if c.failures else "[green]passed[/]"
         )  # fmt: skip
-        why = c.error or "; ".join(c.failures) or (c.details[-1] if "[" in c.name else "")
+        why = (
+            c.skipped or c.error or "; ".join(c.failures)
+            or (c.details[-1] if "[" in c.name else "")
+        )  # fmt: skip
         found = "\n".join(map(finding_line, c.findings))
         table.add_row(escape(c.name), verdict, escape(why), escape(found))
     console.print(table)
-    failed = sum(not c.passed for c in result.cases)
-    console.print(f"{len(result.cases) - failed} of {len(result.cases)} cases passed; "
+    passed = sum(c.passed for c in result.cases)
+    skipped = sum(c.skipped is not None for c in result.cases)
+    note = f", {skipped} not run" if skipped else ""
+    console.print(f"{passed} of {len(result.cases)} cases passed{note}; "
                   f"results: {escape(str(result.run_dir))}")  # fmt: skip

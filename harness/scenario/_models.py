@@ -274,7 +274,13 @@ class Scenario(_Strict):
     @model_validator(mode="after")
     def _known_finding_figures(self) -> Scenario:
         if self.incident is not None:
-            check_figures(self.incident.findings, self.groups)
+            try:
+                check_figures(self.incident.findings, self.groups)
+            except PydanticCustomError as exc:  # reported at the finding, so at its line
+                details: list[InitErrorDetails] = [
+                    {"type": exc, "loc": ("incident", "findings"), "input": None}
+                ]
+                raise ValidationError.from_exception_data(type(self).__name__, details) from None
         return self
 
     @model_validator(mode="after")
