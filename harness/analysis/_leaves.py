@@ -20,10 +20,13 @@ leave, or where the engine's side is unknown):
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
 from harness.analysis._engine import received_by
+from harness.analysis._latency import percentile
 
 LEAVE_COLUMNS = [
     "t_leave", "leave_phase", "leave_to_abort_ms", "leave_to_kv_free_ms", "tokens_after_leave",
@@ -37,6 +40,25 @@ def zombies(gone: pd.DataFrame) -> int:
     their request (:data:`RUNNING_PHASES`) and that it never aborted."""
     running = gone["leave_phase"].isin(RUNNING_PHASES)
     return int((running & gone["leave_to_abort_ms"].isna()).sum())
+
+
+def leave_summary(gone: pd.DataFrame) -> dict[str, Any]:
+    """Figures of the clients in ``gone`` (rows with a ``t_leave``), named as in a group's
+    summary: ``left``, ``left_aborted``, ``zombies``, ``leave_to_abort_p50/p90/max_ms``,
+    ``leave_to_kv_free_p50_ms``, ``tokens_after_leave_mean``, ``leave_phases``."""
+    to_abort = gone["leave_to_abort_ms"].dropna()
+    wasted = gone["tokens_after_leave"].dropna()
+    return {
+        "left": len(gone),
+        "left_aborted": len(to_abort),
+        "zombies": zombies(gone),
+        "leave_to_abort_p50_ms": percentile(to_abort, 50),
+        "leave_to_abort_p90_ms": percentile(to_abort, 90),
+        "leave_to_abort_max_ms": float(to_abort.max()) if len(to_abort) else None,
+        "leave_to_kv_free_p50_ms": percentile(gone["leave_to_kv_free_ms"].dropna(), 50),
+        "tokens_after_leave_mean": float(wasted.mean()) if len(wasted) else None,
+        "leave_phases": {str(k): int(v) for k, v in gone["leave_phase"].value_counts().items()},
+    }
 
 
 def _phases(out: pd.DataFrame) -> pd.Series:

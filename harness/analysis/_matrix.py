@@ -12,7 +12,7 @@ from __future__ import annotations
 import pandas as pd
 
 from harness.analysis._latency import per_token_itl_s, percentile
-from harness.analysis._leaves import zombies
+from harness.analysis._leaves import leave_summary
 from harness.runfolder import MatrixCell
 from harness.scenario import VICTIMS, MatrixConfig, cell_name
 
@@ -32,22 +32,11 @@ def _victims(cell: MatrixCell, requests: pd.DataFrame, chunks: pd.DataFrame) -> 
 
 
 def _leavers(cell: MatrixCell, gone: pd.DataFrame) -> MatrixCell:
-    to_abort = gone["leave_to_abort_ms"].dropna()
-    wasted = gone["tokens_after_leave"].dropna()
-    return cell.model_copy(
-        update={
-            "left": len(gone),
-            "phases": {str(k): int(v) for k, v in gone["leave_phase"].value_counts().items()},
-            "aborted": len(to_abort),
-            "never_aborted": len(gone) - len(to_abort),
-            "zombies": zombies(gone),
-            "leave_to_abort_p50_ms": percentile(to_abort, 50),
-            "leave_to_abort_p90_ms": percentile(to_abort, 90),
-            "leave_to_abort_max_ms": float(to_abort.max()) if len(to_abort) else None,
-            "leave_to_kv_free_p50_ms": percentile(gone["leave_to_kv_free_ms"].dropna(), 50),
-            "tokens_after_leave_mean": float(wasted.mean()) if len(wasted) else None,
-        }
-    )
+    figures = leave_summary(gone)
+    aborted = figures.pop("left_aborted")
+    phases = figures.pop("leave_phases")
+    update = {**figures, "phases": phases, "aborted": aborted, "never_aborted": len(gone) - aborted}
+    return cell.model_copy(update=update)
 
 
 def matrix_cells(

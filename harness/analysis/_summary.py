@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from harness.analysis._latency import inter_chunk_s, per_token_itl_s, percentile
-from harness.analysis._leaves import zombies
+from harness.analysis._leaves import leave_summary
 from harness.analysis._stalls import generation_tokens, undelivered_tokens
 from harness.runfolder import GroupSummary, ServerSummary
 
@@ -91,21 +91,7 @@ def summarize_group(name: str, requests: pd.DataFrame, chunks: pd.DataFrame) -> 
 def _leave_figures(req: pd.DataFrame) -> dict[str, Any]:
     """The ``left``/``leave_*`` fields of a group's summary (zero and ``None`` without leaves)."""
     gone = req[req["t_leave"].notna()] if "t_leave" in req else req.iloc[0:0]
-    if not len(gone):
-        return {}
-    to_abort = gone["leave_to_abort_ms"].dropna()
-    wasted = gone["tokens_after_leave"].dropna()
-    return {
-        "left": len(gone),
-        "left_aborted": len(to_abort),
-        "zombies": zombies(gone),
-        "leave_to_abort_p50_ms": percentile(to_abort, 50),
-        "leave_to_abort_p90_ms": percentile(to_abort, 90),
-        "leave_to_abort_max_ms": _maybe(to_abort.max()) if len(to_abort) else None,
-        "leave_to_kv_free_p50_ms": percentile(gone["leave_to_kv_free_ms"].dropna(), 50),
-        "tokens_after_leave_mean": float(wasted.mean()) if len(wasted) else None,
-        "leave_phases": {str(k): int(v) for k, v in gone["leave_phase"].value_counts().items()},
-    }
+    return leave_summary(gone) if len(gone) else {}
 
 
 def summarize_requests(name: str, requests: pd.DataFrame, chunks: pd.DataFrame) -> GroupSummary:
