@@ -34,6 +34,7 @@ from harness.lifecycle._conclude import EXIT_FAILED, EXIT_INTERRUPTED, RunResult
 from harness.lifecycle._run import run_scenario
 from harness.lifecycle._signals import RunInterrupted, signals_raise
 from harness.outputs import CaseOutcome, SuiteResult
+from harness.outputs._matrix import abort_text, ratio_text, wasted_text
 from harness.runfolder import MatrixCell, figures
 from harness.scenario import Scenario, load_scenario
 from harness.servers import SimTargetConfig, TargetConfigBase, UrlTargetConfig, VllmTargetConfig
@@ -133,18 +134,9 @@ def _matrix_cases(name: str, run: RunResult) -> list[CaseOutcome]:
 
 
 def _cell_line(c: MatrixCell) -> str:
-    abort = (
-        f"aborted {c.aborted}/{c.left}, leave->abort p50 {c.leave_to_abort_p50_ms:.0f} ms, "
-        f"max {c.leave_to_abort_max_ms:.0f} ms"
-        if c.aborted and c.leave_to_abort_p50_ms is not None and c.leave_to_abort_max_ms is not None
-        else f"aborted 0/{c.left}"
-    )
-    wasted = c.tokens_after_leave_mean
-    ratio = c.victim_ttft_p99_ratio
     return (
-        f"{c.cell}: phases {c.phases or '-'}; {abort}; tokens after leaving "
-        f"{'-' if wasted is None else f'{wasted:.0f}'}; victims' TTFT p99 x control "
-        f"{'-' if ratio is None else f'{ratio:.2f}'}"
+        f"{c.cell}: phases {c.phases or '-'}; leave->abort ms p50 / max {abort_text(c)}; "
+        f"tokens after leaving {wasted_text(c)}; victims' TTFT p99 x control {ratio_text(c)}"
     )
 
 
