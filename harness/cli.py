@@ -14,11 +14,13 @@ from harness._cli_tools import add_tool_commands
 from harness.gates import BaselineError, load_baseline, save_baseline
 from harness.lifecycle import (
     Distribution,
+    RepeatsResult,
     RunProgress,
     check_listen_address,
     parse_address,
     reanalyze,
     run_comparison,
+    run_repeats,
     run_scenario,
     run_suite,
     run_sweep,
@@ -26,12 +28,15 @@ from harness.lifecycle import (
 from harness.lifecycle._sweep import parse_goodput
 from harness.outputs import (
     STEP_SUMMARY_ENV,
+    append_markdown,
     append_step_summary,
     print_comparison,
     print_gates,
+    print_repeats,
     print_suite,
     print_summary,
     print_sweep,
+    repeats_markdown,
     write_suite_junit,
 )
 from harness.scenario import Scenario, ScenarioError, load_scenario
@@ -100,9 +105,18 @@ def run(
             help="HOST[:PORT] the masters listen on (group i on PORT+i; port 0: free ports)"
         ),
     ] = "127.0.0.1:0",
+    repeats: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="run the workload N times against one target and gate on all of them, with "
+            "intervals (default: the scenario's repeats)",
+        ),
+    ] = None,
 ) -> None:
     """Run SCENARIO and write results/<scenario>/<UTC timestamp>/ (with `proxies = [...]`: one
-    run folder per proxy configuration in it, and the comparison).
+    run folder per proxy configuration in it, and the comparison; with repeats: one run folder
+    per repeat, r1, r2 ..., and the gates over all of them).
 
     Exit code: 0 complete and every gate passed, 1 a gate failed or the run failed, 2 invalid
     scenario or set-up error (missing baseline, target did not start), 130 interrupted.
@@ -124,6 +138,15 @@ def run(
             distribution = Distribution(workers, remote_workers, host, port)
     if config.proxies:
         _run_comparison(config, scenario, out, target_url, distribution)
+    count = repeats or config.repeats
+    if count > 1 or config.gating.inconclusive == "rerun":
+        with setup_errors(_RUN_TITLES, scenario=scenario):
+            done = run_repeats(
+                config, repeats=count, scenario_path=scenario, out_root=out,
+                target_url=target_url, baseline=baseline, use_baseline=not no_baseline,
+                distribution=distribution,
+            )  # fmt: skip
+        _print_repeats(config, done)
     with setup_errors(_RUN_TITLES, scenario=scenario):
         result = run_scenario(
             config,
@@ -382,6 +405,24 @@ def _run_comparison(
         typer.secho(f"comparison incomplete: {result.failure}", fg="red", err=True)
     typer.echo(f"results: {result.run_dir}")
     raise typer.Exit(result.exit_code)
+
+
+def _print_repeats(config: Scenario, done: RepeatsResult) -> None:
+    print_repeats(
+        done.figures, done.gates, repeats=len(done.runs), confidence=config.gating.confidence
+    )
+    print_gates(done.gates, exit_code=done.exit_code)
+    markdown = repeats_markdown(
+        config.name, done.figures, done.gates, run_dir=done.run_dir, exit_code=done.exit_code
+    )
+    try:
+        append_markdown(markdown)
+    except OSError as exc:
+        typer.echo(f"cannot append to ${STEP_SUMMARY_ENV}: {exc}", err=True)
+    if done.failure:
+        typer.secho(f"run incomplete: {done.failure}", fg="red", err=True)
+    typer.echo(f"results: {done.run_dir}")
+    raise typer.Exit(done.exit_code)
 
 
 def main() -> None:

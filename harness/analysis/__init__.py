@@ -26,10 +26,28 @@ from harness.analysis._latency import (
     tpot,
 )
 from harness.analysis._saturation import saturation_summary
+from harness.analysis._uncertainty import (
+    Difference,
+    Estimate,
+    Evidence,
+    compare_figure,
+    draws,
+    empty_samples,
+    estimate,
+    evidence_of,
+    interval,
+    median_ratio,
+    point,
+    pooled_figures,
+    run_samples,
+)
 from harness.analysis._verdicts import KvHeldVerdict, kv_held_verdict
 
 __all__ = [
     "Analysis",
+    "Difference",
+    "Estimate",
+    "Evidence",
     "Comparison",
     "DistortionThresholds",
     "KvHeldVerdict",
@@ -38,6 +56,16 @@ __all__ = [
     "analyze",
     "buffering_distortion",
     "compare",
+    "compare_figure",
+    "draws",
+    "empty_samples",
+    "estimate",
+    "evidence_of",
+    "interval",
+    "median_ratio",
+    "point",
+    "pooled_figures",
+    "run_samples",
     "inter_chunk",
     "inter_chunk_s",
     "kv_held_verdict",

@@ -10,9 +10,21 @@ from harness.gates._baseline import (
     read_summary,
     save_baseline,
 )
-from harness.gates._evaluate import GateResult, evaluate_gates
+from harness.gates._evaluate import (
+    FAIL,
+    INCONCLUSIVE,
+    PASS,
+    SKIPPED,
+    GateResult,
+    evaluate_gates,
+    wants_rerun,
+)
 
 __all__ = [
+    "FAIL",
+    "INCONCLUSIVE",
+    "PASS",
+    "SKIPPED",
     "BASELINE_DIR",
     "Baseline",
     "BaselineError",
@@ -22,4 +34,5 @@ __all__ = [
     "load_baseline",
     "read_summary",
     "save_baseline",
+    "wants_rerun",
 ]

@@ -2,10 +2,19 @@
 
 ``zerowindow baseline save RUN_DIR`` writes ``results/baselines/<scenario>.json``::
 
-    {"format": 1, "scenario": "sim-coupled",
+    {"format": 2, "scenario": "sim-coupled",
      "figures": {"fast.ttft_p99_ms": 812.5, ...},            # harness.runfolder._figures names
+     "repeats": [{"fast.ttft_p99_ms": 790.1, ...}, ...],     # each repeat's figures
+     "samples_file": "sim-coupled.samples.parquet",          # beside it: per-request samples
      "provenance": {"run_dir": ..., "saved_utc": ..., "run_started_utc": ..., "status": ...,
-                    "versions": {...}, "host": {...}, "scenario_path": ...}}
+                    "repeats": 3, "versions": {...}, "host": {...}, "scenario_path": ...}}
+
+``RUN_DIR`` is one run folder, or the folder of a run with repeats (``repeats.json``: every
+repeat is kept). ``figures`` are the estimates over the repeats (pooled requests for latency
+figures, mean of the repeats for others: ``harness.analysis._uncertainty``); the samples file
+holds the pooled per-request latencies (columns ``repeat``, ``request``, ``sample``,
+``value``), which intervals and distribution gates need. A format-1 file (figures only) still
+loads: its one run has no samples, and its gates compare figures as they are.
 
 ``zerowindow run`` loads it (or ``--baseline PATH``) before the run starts when any gate refers
 to ``baseline``; a missing or unreadable file is :class:`BaselineError` (exit 2), never a pass.
@@ -21,7 +30,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
-from harness.runfolder import RunSummary, figures
+from harness.analysis import Evidence, evidence_of, pooled_figures
+from harness.runfolder import REPEATS_JSON, RunSummary, read_json, read_parquet
 from zwcore import RunFolderError
 
 # Where baselines live, relative to the directory `zerowindow` runs from (committed to git).
@@ -36,10 +46,28 @@ class Baseline(BaseModel):
     """The content of a baseline file. ``figures`` maps figure names to values (``None``: the
     reference run did not measure it)."""
 
-    format: Literal[1] = 1
+    format: Literal[1, 2] = 2
     scenario: str
     figures: dict[str, float | None]
+    repeats: list[dict[str, float | None]] = []
+    samples_file: str | None = None
     provenance: dict[str, Any] = {}
+
+    def evidence(self, path: Path) -> Evidence:
+        """The baseline as :class:`~harness.analysis.Evidence` (``path``: this file, beside
+        which the samples file lies). Raises :class:`BaselineError` if the samples file is
+        named but cannot be read."""
+        samples = None
+        if self.samples_file is not None:
+            where = path.parent / self.samples_file
+            try:
+                samples = read_parquet(where)
+            except RunFolderError as exc:
+                raise BaselineError(str(exc)) from None
+            if not len(samples.columns):
+                raise BaselineError(f"{where}: the baseline's samples file is missing")
+        repeats = self.repeats or [self.figures]
+        return Evidence(repeats) if samples is None else Evidence(repeats, samples)
 
 
 def baseline_path(scenario: str, root: Path = BASELINE_DIR) -> Path:
@@ -62,24 +90,45 @@ def read_summary(run_dir: Path) -> RunSummary:
         ) from None
 
 
+def repeat_dirs(run_dir: Path) -> list[Path]:
+    """The run folders of ``run_dir``: its repeats' (``repeats.json``), in order, or itself.
+    Raises :class:`BaselineError` for a ``repeats.json`` that cannot be read."""
+    if not (run_dir / REPEATS_JSON).exists():
+        return [run_dir]
+    try:
+        names = read_json(run_dir / REPEATS_JSON)["runs"]
+    except (RunFolderError, KeyError, TypeError) as exc:
+        raise BaselineError(f"{run_dir / REPEATS_JSON}: not a repeats record: {exc}") from None
+    return [run_dir / str(n) for n in names]
+
+
 def save_baseline(
     run_dir: Path, dest: Path | None = None, *, allow_incomplete: bool = False
 ) -> Path:
-    """Write the figures of the run in ``run_dir`` as a baseline and return the file's path.
+    """Write the figures of the run in ``run_dir`` (one run folder, or a run with repeats) as
+    a baseline, with its samples beside it, and return the file's path.
 
     ``dest`` defaults to :func:`baseline_path` of the run's scenario; its folder is created and
-    an existing file is replaced atomically. Raises :class:`BaselineError` if the run folder
-    has no valid ``summary.json``, if the run did not complete (unless ``allow_incomplete``), or
-    if the file cannot be written.
+    existing files are replaced atomically. Raises :class:`BaselineError` if a run folder has
+    no valid ``summary.json``, if a run did not complete (unless ``allow_incomplete``), or if
+    the files cannot be written.
     """
-    summary = read_summary(run_dir)
-    if summary.status != "complete" and not allow_incomplete:
-        raise BaselineError(
-            f"{run_dir}: the run is {summary.status!r} ({summary.failure}); a baseline should "
-            "come from a complete run (--allow-incomplete to save it anyway)"
-        )
+    dirs = repeat_dirs(run_dir)
+    for one in dirs:
+        summary = read_summary(one)
+        if summary.status != "complete" and not allow_incomplete:
+            raise BaselineError(
+                f"{one}: the run is {summary.status!r} ({summary.failure}); a baseline should "
+                "come from a complete run (--allow-incomplete to save it anyway)"
+            )
     try:
-        info = json.loads((run_dir / "run.json").read_text())
+        evidence = evidence_of(dirs)
+    except RunFolderError as exc:
+        raise BaselineError(str(exc)) from None
+    run_dir = dirs[0] if len(dirs) == 1 else run_dir
+    record = run_dir / ("run.json" if len(dirs) == 1 else REPEATS_JSON)
+    try:
+        info = json.loads(record.read_text())
     except (OSError, ValueError):
         info = {}
     provenance = {
@@ -90,13 +139,24 @@ def save_baseline(
         "scenario_path": info.get("scenario_path"),
         "versions": info.get("versions"),
         "host": info.get("host"),
+        "repeats": len(dirs),
     }
-    baseline = Baseline(scenario=summary.scenario, figures=figures(summary), provenance=provenance)
     dest = dest or baseline_path(summary.scenario)
+    samples_file = f"{dest.stem}.samples.parquet"
+    baseline = Baseline(
+        scenario=summary.scenario,
+        figures=pooled_figures(evidence),
+        repeats=[dict(f) for f in evidence.figures],
+        samples_file=samples_file,
+        provenance=provenance,
+    )
     tmp = dest.with_name(f".{dest.name}.tmp")
+    tmp_samples = dest.with_name(f".{samples_file}.tmp")
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
+        evidence.samples.to_parquet(tmp_samples, index=False)
         tmp.write_text(baseline.model_dump_json(indent=2) + "\n")
+        os.replace(tmp_samples, dest.parent / samples_file)
         os.replace(tmp, dest)
     except OSError as exc:
         raise BaselineError(f"{dest}: cannot write the baseline: {exc.strerror}") from None

@@ -1,20 +1,61 @@
 """Gate evaluation: a scenario's gates (:mod:`harness.scenario`) against a run's figures and,
-for relative gates, a baseline's."""
+for relative gates, a baseline's, knowing the noise of both.
+
+Verdicts:
+
+- an **absolute** gate (``fast.ttft_p99_ms <= 800``) compares the figure as measured (over
+  repeats: the pooled or mean figure) with the bound: ``pass`` or ``fail``; its interval, when
+  there is one, is shown beside it;
+- a **relative** gate (``fast.ttft_p99_ms <= 1.2 * baseline``) with :class:`Evidence` on both
+  sides draws the run's figure and the bound (from the baseline's figure) independently
+  (``harness.analysis._uncertainty``) and looks at the interval of ``figure - bound``: ``pass``
+  when the comparison holds across it, ``fail`` when it is broken across it, ``inconclusive``
+  when the interval straddles the bound. Without evidence, or for ``==``, the figures are
+  compared as they are;
+- a **distribution** gate (``fast.ttft_ms ~ baseline within 10%``) looks at the ratio of the
+  medians and its interval: ``pass`` when the interval lies within ``1 ± within``, ``fail``
+  when it lies wholly outside and the Mann-Whitney U p-value is below ``alpha``,
+  ``inconclusive`` otherwise.
+
+What an inconclusive gate does is the scenario's ``[gating] inconclusive`` policy
+(:class:`~harness.scenario.GatingConfig`): ``fail``, ``warn`` (passes, saying so), or
+``rerun`` (the caller adds a repeat while :func:`wants_rerun` says so; once it may not,
+as ``warn``).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from harness.scenario import OPS, Gate
+import numpy as np
+
+from harness.analysis import (
+    Evidence,
+    compare_figure,
+    draws,
+    estimate,
+    interval,
+    median_ratio,
+)
+from harness.scenario import OPS, Gate, GatingConfig
+
+PASS, FAIL, INCONCLUSIVE, SKIPPED = "pass", "fail", "inconclusive", "skipped"
 
 
 @dataclass(frozen=True)
 class GateResult:
     """One gate evaluated: ``measured`` is this run's figure, ``baseline`` the baseline's (for a
     relative gate), ``bound`` what it was compared with; ``None`` where there was no value.
-    ``reason`` is one line a person reads: the numbers, or why the gate could not pass. A
-    ``skipped`` gate (relative, evaluated without a baseline on purpose) counts as passed."""
+    ``reason`` is one line a person reads: the numbers, their intervals, the effect and the
+    p-value, or why the gate could not pass. ``verdict`` is ``pass``, ``fail``,
+    ``inconclusive`` or ``skipped``; ``passed`` applies the policy to it (a ``skipped`` gate,
+    relative and evaluated without a baseline on purpose, counts as passed).
+
+    ``low``/``high``: the interval of ``measured``; ``baseline_low``/``baseline_high``: the
+    baseline's; ``effect``: measured / baseline (for a distribution gate: the ratio of the
+    medians) with ``effect_low``/``effect_high``; ``p_value`` of ``test``
+    (``mann-whitney-u`` or ``welch-t``)."""
 
     gate: str
     figure: str
@@ -26,10 +67,36 @@ class GateResult:
     passed: bool
     reason: str
     skipped: bool = False
+    verdict: str = PASS
+    low: float | None = None
+    high: float | None = None
+    baseline_low: float | None = None
+    baseline_high: float | None = None
+    effect: float | None = None
+    effect_low: float | None = None
+    effect_high: float | None = None
+    p_value: float | None = None
+    test: str | None = None
+
+    @property
+    def inconclusive(self) -> bool:
+        return self.verdict == INCONCLUSIVE
 
 
 def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:.6g}"
+
+
+def _span(low: float | None, high: float | None) -> str:
+    return "" if low is None or high is None else f" [{low:.4g}, {high:.4g}]"
+
+
+def _effect_text(effect: float | None, low: float | None, high: float | None) -> str:
+    return "" if effect is None else f"; effect x{effect:.3g}{_span(low, high)}"
+
+
+def _p_text(p: float | None) -> str:
+    return "" if p is None else f", p = {p:.3g}"
 
 
 def evaluate_gates(
@@ -39,50 +106,202 @@ def evaluate_gates(
     *,
     baseline_source: str = "the baseline",
     skip_relative: bool = False,
+    evidence: Evidence | None = None,
+    baseline_evidence: Evidence | None = None,
+    policy: GatingConfig | None = None,
+    final: bool = True,
 ) -> list[GateResult]:
-    """Evaluate ``gates`` against this run's ``figures`` (from :func:`harness.runfolder.figures`)
-    and, for relative gates, the ``baseline`` figures. Never raises for missing values: a gate
+    """Evaluate ``gates`` against this run's ``figures`` (from :func:`harness.runfolder.figures`,
+    or the estimates over repeats) and, for relative gates, the ``baseline`` figures (module
+    docstring). ``evidence`` and ``baseline_evidence`` (per-repeat figures and per-request
+    samples) give the intervals; without them relative gates compare the figures as they are
+    and distribution gates fail for want of samples. Never raises for missing values: a gate
     without a measured value or without a baseline value fails with that reason.
     ``baseline_source`` names the baseline in reasons (e.g. its path). With ``skip_relative``
     (and no ``baseline``) relative gates are reported as skipped instead of failed: for the
-    first run of a scenario, whose folder then becomes the baseline."""
-    results = []
-    for gate in gates:
-        measured = figures.get(gate.figure)
-        base = None
-        if gate.relative and baseline is not None:
-            base = baseline.get(gate.figure)
-        bound = gate.bound(base)
-        skipped = False
-        if gate.relative and baseline is None and skip_relative:
-            passed, skipped = True, True
-            reason = f"skipped: no baseline on purpose (measured {_num(measured)})"
-        elif gate.relative and baseline is None:
-            passed, reason = False, "no baseline was loaded for this relative gate"
-        elif gate.relative and base is None:
-            passed, reason = False, f"{baseline_source} has no value for {gate.figure}"
-        elif measured is None:
-            passed, reason = False, f"{gate.figure} was not measured in this run"
-        else:
-            assert bound is not None
-            passed = OPS[gate.op](measured, bound)
-            rel = f" ({gate.factor:g} * baseline {_num(base)}" if gate.relative else ""
-            if gate.relative and gate.offset:
-                rel += f" {'+' if gate.offset > 0 else '-'} {abs(gate.offset):g}"
-            rel += ")" if rel else ""
-            reason = f"measured {_num(measured)}, bound {gate.op} {_num(bound)}{rel}"
-        results.append(
-            GateResult(
-                gate=gate.text,
-                figure=gate.figure,
-                op=gate.op,
-                relative=gate.relative,
-                measured=measured,
-                baseline=base,
-                bound=bound,
-                passed=passed,
-                reason=reason,
-                skipped=skipped,
-            )
+    first run of a scenario, whose folder then becomes the baseline. ``policy`` (default
+    :class:`~harness.scenario.GatingConfig`) decides what an inconclusive gate does; with
+    ``final=False`` the ``rerun`` policy fails it (the caller reruns), else it warns."""
+    policy = policy or GatingConfig()
+    return [
+        _evaluate(
+            gate,
+            figures,
+            baseline,
+            baseline_source,
+            skip_relative,
+            evidence,
+            baseline_evidence,
+            policy,
+            final,
+        )  # fmt: skip
+        for gate in gates
+    ]
+
+
+def wants_rerun(results: Iterable[GateResult], policy: GatingConfig) -> bool:
+    """Whether ``policy`` asks for another repeat: it is ``rerun`` and a gate is inconclusive."""
+    return policy.inconclusive == "rerun" and any(r.inconclusive for r in results)
+
+
+def _evaluate(
+    gate: Gate,
+    figures: Mapping[str, float | None],
+    baseline: Mapping[str, float | None] | None,
+    baseline_source: str,
+    skip_relative: bool,
+    evidence: Evidence | None,
+    baseline_evidence: Evidence | None,
+    policy: GatingConfig,
+    final: bool,
+) -> GateResult:
+    measured = figures.get(gate.figure)
+    base = baseline.get(gate.figure) if gate.relative and baseline is not None else None
+    plain = GateResult(
+        gate.text, gate.figure, gate.op, gate.relative, measured, base, gate.bound(base), False, ""
+    )
+    if gate.relative and baseline is None and skip_relative:
+        why = f"skipped: no baseline on purpose (measured {_num(measured)})"
+        return _with(plain, SKIPPED, why, policy, final, skipped=True)
+    if gate.relative and baseline is None:
+        return _with(plain, FAIL, "no baseline was loaded for this relative gate", policy, final)
+    if gate.distribution:
+        return _distribution(
+            plain, gate, evidence, baseline_evidence, baseline_source, policy, final
         )
-    return results
+    if gate.relative and base is None:
+        why = f"{baseline_source} has no value for {gate.figure}"
+        return _with(plain, FAIL, why, policy, final)
+    if measured is None:
+        return _with(plain, FAIL, f"{gate.figure} was not measured in this run", policy, final)
+    if gate.relative and gate.op != "==" and evidence is not None and baseline_evidence is not None:
+        return _relative(plain, gate, evidence, baseline_evidence, policy, final)
+    assert plain.bound is not None
+    low = high = None
+    if evidence is not None:
+        est = estimate(
+            evidence, gate.figure, confidence=policy.confidence, n=policy.bootstrap_draws
+        )
+        low, high = est.low, est.high
+    verdict = PASS if OPS[gate.op](measured, plain.bound) else FAIL
+    reason = f"measured {_num(measured)}{_span(low, high)}, bound {gate.op} {_num(plain.bound)}"
+    reason += _relative_text(gate, base)
+    return _with(plain, verdict, reason, policy, final, low=low, high=high)
+
+
+def _relative_text(gate: Gate, base: float | None, low: float | None = None,
+                   high: float | None = None) -> str:  # fmt: skip
+    if not gate.relative:
+        return ""
+    text = f" ({gate.factor:g} * baseline {_num(base)}{_span(low, high)}"
+    if gate.offset:
+        text += f" {'+' if gate.offset > 0 else '-'} {abs(gate.offset):g}"
+    return text + ")"
+
+
+def _relative(
+    plain: GateResult,
+    gate: Gate,
+    evidence: Evidence,
+    baseline_evidence: Evidence,
+    policy: GatingConfig,
+    final: bool,
+) -> GateResult:
+    n, conf = policy.bootstrap_draws, policy.confidence
+    rng = np.random.default_rng(0)
+    c = draws(evidence, gate.figure, n=n, rng=rng)
+    b = draws(baseline_evidence, gate.figure, n=n, rng=rng)
+    assert c is not None and b is not None  # both sides measured it (checked by the caller)
+    bound_draws = gate.factor * b + gate.offset
+    d_low, d_high = interval(c - bound_draws, conf)
+    below = gate.op in ("<", "<=")
+    worst, best = (d_high, d_low) if below else (d_low, d_high)
+    if OPS[gate.op](worst, 0.0):
+        verdict = PASS
+    elif not OPS[gate.op](best, 0.0):
+        verdict = FAIL
+    else:
+        verdict = INCONCLUSIVE
+    low, high = interval(c, conf)
+    b_low, b_high = interval(b, conf)
+    diff = compare_figure(evidence, baseline_evidence, gate.figure, confidence=conf, n=n)
+    reason = (
+        f"measured {_num(plain.measured)}{_span(low, high)}, bound {gate.op} {_num(plain.bound)}"
+        f"{_relative_text(gate, plain.baseline, b_low, b_high)}"
+        f"{_effect_text(diff.ratio, diff.ratio_low, diff.ratio_high)}{_p_text(diff.p_value)}"
+    )
+    return _with(
+        plain, verdict, reason, policy, final, low=low, high=high, baseline_low=b_low,
+        baseline_high=b_high, effect=diff.ratio, effect_low=diff.ratio_low,
+        effect_high=diff.ratio_high, p_value=diff.p_value, test=diff.test,
+    )  # fmt: skip
+
+
+def _distribution(
+    plain: GateResult,
+    gate: Gate,
+    evidence: Evidence | None,
+    baseline_evidence: Evidence | None,
+    baseline_source: str,
+    policy: GatingConfig,
+    final: bool,
+) -> GateResult:
+    if evidence is None or not len(evidence.sample(gate.figure)):
+        why = f"{gate.figure} was not measured in this run (no samples)"
+        return _with(plain, FAIL, why, policy, final)
+    if baseline_evidence is None or not len(baseline_evidence.sample(gate.figure)):
+        why = (
+            f"{baseline_source} has no samples of {gate.figure} (saved before baselines kept "
+            "them? save it again with `zerowindow baseline save`)"
+        )
+        return _with(plain, FAIL, why, policy, final)
+    diff = median_ratio(
+        evidence, baseline_evidence, gate.figure, confidence=policy.confidence,
+        n=policy.bootstrap_draws,
+    )  # fmt: skip
+    lo, hi = 1.0 - gate.within, 1.0 + gate.within
+    assert diff.ratio_low is not None and diff.ratio_high is not None
+    if lo <= diff.ratio_low and diff.ratio_high <= hi:
+        verdict = PASS
+    elif (diff.ratio_high < lo or diff.ratio_low > hi) and (diff.p_value or 1.0) < policy.alpha:
+        verdict = FAIL
+    else:
+        verdict = INCONCLUSIVE
+    measured = float(np.median(evidence.sample(gate.figure)["value"]))
+    base = float(np.median(baseline_evidence.sample(gate.figure)["value"]))
+    reason = (
+        f"median {_num(measured)} vs baseline {_num(base)}"
+        f"{_effect_text(diff.ratio, diff.ratio_low, diff.ratio_high)}{_p_text(diff.p_value)}"
+        f"; same within {gate.within:.0%} when the effect's interval is inside "
+        f"[{lo:.3g}, {hi:.3g}]"
+    )
+    return _with(
+        plain, verdict, reason, policy, final, measured=measured, baseline=base,
+        effect=diff.ratio, effect_low=diff.ratio_low, effect_high=diff.ratio_high,
+        p_value=diff.p_value, test=diff.test,
+    )  # fmt: skip
+
+
+def _with(
+    plain: GateResult,
+    verdict: str,
+    reason: str,
+    policy: GatingConfig,
+    final: bool,
+    **fields: object,
+) -> GateResult:
+    """``plain`` with its verdict, reason and ``fields``; ``passed`` from the policy."""
+    passed = verdict in (PASS, SKIPPED)
+    if verdict == INCONCLUSIVE:
+        policy_now = policy.inconclusive
+        if policy_now == "rerun" and final:
+            policy_now = "warn"
+        passed = policy_now == "warn"
+        what = {
+            "warn": "passes with a warning",
+            "fail": "fails (inconclusive = 'fail')",
+            "rerun": "another repeat is needed",
+        }
+        reason = f"inconclusive, {what[policy_now]}: {reason}"
+    values = {**vars(plain), **fields, "verdict": verdict, "passed": passed, "reason": reason}
+    return GateResult(**values)  # type: ignore[arg-type]

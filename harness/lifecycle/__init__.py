@@ -23,6 +23,7 @@ from harness.lifecycle._distributed import (
 )
 from harness.lifecycle._inputs import url_target
 from harness.lifecycle._progress import RunProgress
+from harness.lifecycle._repeats import RepeatsResult, run_repeats
 from harness.lifecycle._run import run_scenario
 from harness.lifecycle._signals import RunInterrupted
 from harness.lifecycle._suite import load_incidents, run_suite
@@ -38,6 +39,7 @@ __all__ = [
     "Distribution",
     "RunInterrupted",
     "RunProgress",
+    "RepeatsResult",
     "RunResult",
     "SweepPoint",
     "SweepResult",
@@ -48,6 +50,7 @@ __all__ = [
     "parse_address",
     "reanalyze",
     "run_comparison",
+    "run_repeats",
     "run_scenario",
     "run_suite",
     "run_sweep",

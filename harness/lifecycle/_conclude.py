@@ -15,7 +15,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from harness.analysis import RunFacts, analyze, read_facts, write_analysis
+from harness.analysis import (
+    Evidence,
+    RunFacts,
+    analyze,
+    read_facts,
+    run_samples,
+    write_analysis,
+)
 from harness.gates import (
     Baseline,
     GateResult,
@@ -93,12 +100,16 @@ def conclude(
     write_analysis(run_dir, analysis)
     summary = analysis.summary
     gates: list[Gate] = list(facts.scenario.gates)
+    evidence = Evidence([figures(summary)], run_samples(analysis.requests, analysis.chunks))
     results = evaluate_gates(
         gates,
         figures(summary),
         baseline[1].figures if baseline else None,
         baseline_source=f"baseline {baseline[0]}" if baseline else "the baseline",
         skip_relative=skip_relative,
+        evidence=evidence,
+        baseline_evidence=baseline[1].evidence(baseline[0]) if baseline else None,
+        policy=facts.scenario.gating,
     )
     code = exit_code(summary.status, setup_failed=setup_failed, gates=results)
     result = RunResult(run_dir, summary, code, results, baseline[0] if baseline else None)

@@ -34,8 +34,11 @@ def baseline_for(
     scenario: Scenario, path: Path | None, *, use: bool = True
 ) -> tuple[Path, Baseline] | None:
     """The baseline the scenario's gates need (``None`` if no gate refers to it, or not
-    ``use``)."""
+    ``use``). Raises :class:`~harness.BaselineError` for a baseline file, or its samples
+    file, that is missing or invalid."""
     if not use or not needs_baseline(scenario.gates):
         return None
     path = path or baseline_path(scenario.name)
-    return path, load_baseline(path)
+    baseline = load_baseline(path)
+    baseline.evidence(path)  # reads its samples file: a missing one stops the run now
+    return path, baseline

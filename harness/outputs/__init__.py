@@ -6,11 +6,13 @@ from harness.outputs._compare import compare_runs, html_page, render
 from harness.outputs._comparison import print_comparison, to_markdown, write_comparison
 from harness.outputs._console import print_gates, print_summary
 from harness.outputs._junit import junit_xml, write_junit
+from harness.outputs._repeats import print_repeats, repeats_markdown
 from harness.outputs._report import ReportError, render_report, report_or_warning, write_report
 from harness.outputs._step_summary import (
     ENV as STEP_SUMMARY_ENV,
 )
 from harness.outputs._step_summary import (
+    append_markdown,
     append_setup_error,
     append_step_summary,
     step_summary_markdown,
@@ -29,6 +31,7 @@ __all__ = [
     "CaseOutcome",
     "ReportError",
     "SuiteResult",
+    "append_markdown",
     "append_setup_error",
     "append_step_summary",
     "compare_runs",
@@ -36,10 +39,12 @@ __all__ = [
     "junit_xml",
     "print_comparison",
     "print_gates",
+    "print_repeats",
     "print_summary",
     "print_suite",
     "print_sweep",
     "render",
+    "repeats_markdown",
     "render_report",
     "report_or_warning",
     "step_summary_markdown",

@@ -75,6 +75,7 @@ def print_gates(gates: list[GateResult], *, exit_code: int, console: Console | N
         table.add_column(col)
     for g in gates:
         mark = "[green]pass[/green]" if g.passed else "[bold red]FAIL[/bold red]"
+        mark = "[yellow]warn[/yellow]" if g.passed and g.inconclusive else mark
         mark = "[yellow]skip[/yellow]" if g.skipped else mark
         table.add_row(mark, escape(g.gate), escape(g.reason))
     console.print(table)

@@ -21,6 +21,16 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def gate_mark(gate: GateResult) -> str:
+    """The gate's sign in Markdown: skipped, passed with a warning (inconclusive), passed,
+    failed."""
+    if gate.skipped:
+        return "⏭️"
+    if gate.passed:
+        return "⚠️" if gate.inconclusive else "✅"
+    return "❌"
+
+
 def step_summary_markdown(
     summary: RunSummary, gates: list[GateResult], *, run_dir: Path, exit_code: int
 ) -> str:
@@ -41,7 +51,7 @@ def step_summary_markdown(
         out += ["| | gate | measured | bound | reason |", "| --- | --- | ---: | ---: | --- |"]
         for g in gates:
             bound = "-" if g.bound is None else f"{g.op} {g.bound:.6g}"
-            mark = "⏭️" if g.skipped else "✅" if g.passed else "❌"
+            mark = gate_mark(g)
             out.append(
                 f"| {mark} | `{_cell(g.gate)}` | {_f(g.measured, 2)} "
                 f"| {bound} | {_cell(g.reason)} |"
@@ -86,11 +96,18 @@ def append_step_summary(
     """Append :func:`step_summary_markdown` to ``path`` (default: ``$GITHUB_STEP_SUMMARY``).
     Returns the file written, or ``None`` when no file is named. Raises ``OSError`` if the
     file cannot be appended to."""
+    markdown = step_summary_markdown(summary, gates, run_dir=run_dir, exit_code=exit_code)
+    return append_markdown(markdown, path=path)
+
+
+def append_markdown(markdown: str, *, path: str | None = None) -> Path | None:
+    """Append ``markdown`` to ``path`` (default: ``$GITHUB_STEP_SUMMARY``); the file written,
+    or ``None`` when no file is named. Raises ``OSError`` if it cannot be appended to."""
     target = path if path is not None else os.environ.get(ENV)
     if not target:
         return None
     with open(target, "a", encoding="utf-8") as f:
-        f.write(step_summary_markdown(summary, gates, run_dir=run_dir, exit_code=exit_code))
+        f.write(markdown)
     return Path(target)
 
 

@@ -1,7 +1,16 @@
 """The run folder: every file name defined once, the schema of ``summary.json`` and the figure
 names derived from it, and reading and writing its JSON and Parquet files."""
 
-from harness.runfolder._figures import RUN_FIGURES, figure_names, figures, numeric_fields
+from harness.runfolder._figures import (
+    RUN_FIGURES,
+    SAMPLE_FIGURES,
+    SAMPLE_KINDS,
+    figure_names,
+    figures,
+    numeric_fields,
+    sample_names,
+    sample_of,
+)
 from harness.runfolder._files import (
     BASELINE_JSON,
     CHUNKS,
@@ -15,6 +24,7 @@ from harness.runfolder._files import (
     GATES_JSON,
     JUNIT_XML,
     PROXY,
+    REPEATS_JSON,
     REPORT_HTML,
     REQUESTS,
     RUN_JSON,
@@ -52,8 +62,11 @@ __all__ = [
     "JUNIT_XML",
     "PROXY",
     "REPORT_HTML",
+    "REPEATS_JSON",
     "REQUESTS",
     "RUN_FIGURES",
+    "SAMPLE_FIGURES",
+    "SAMPLE_KINDS",
     "RUN_JSON",
     "SCENARIO_TOML",
     "SERVER_METRICS",
@@ -77,6 +90,8 @@ __all__ = [
     "kept_plugins",
     "new_run_dir",
     "numeric_fields",
+    "sample_names",
+    "sample_of",
     "read_json",
     "read_parquet",
     "records_files",

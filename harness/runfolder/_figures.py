@@ -15,6 +15,12 @@ Names (units in the name, as in ``summary.json``):
 
 A figure that was not measured (for example ITL of a group that got no tokens) is ``None``.
 New numeric fields of the summary models become figures without changes here.
+
+Samples are the per-request (ITL, inter-chunk: per-token and per-gap) values behind a group's
+latency figures, named ``<group>.<kind>`` with a kind of :data:`SAMPLE_KINDS`
+(``fast.ttft_ms``): what a distribution gate (``fast.ttft_ms ~ baseline``) compares, and what
+the confidence intervals of the figures in :data:`SAMPLE_FIGURES` are bootstrapped from
+(``harness.analysis._uncertainty``).
 """
 
 from __future__ import annotations
@@ -38,6 +44,26 @@ _KV_VERDICT = {
 }
 RUN_FIGURES = ("duration_s", "client_saturated", *_KV_VERDICT)
 
+# Per-request samples of a group, by kind: ms each (ITL per token, inter-chunk per gap).
+SAMPLE_KINDS = (
+    "ttft_ms", "itl_ms", "inter_chunk_ms", "tpot_ms", "e2e_ms",
+    "send_lag_ms", "ttft_from_scheduled_ms", "e2e_from_scheduled_ms",
+)  # fmt: skip
+# A group's figures that are one statistic of one sample kind: field -> (kind, statistic),
+# the statistic a percentile (0..100) or "mean". Their intervals come from the requests.
+SAMPLE_FIGURES: dict[str, tuple[str, float | str]] = {
+    "ttft_p50_ms": ("ttft_ms", 50), "ttft_p90_ms": ("ttft_ms", 90), "ttft_p99_ms": ("ttft_ms", 99),
+    "itl_p50_ms": ("itl_ms", 50), "itl_p99_ms": ("itl_ms", 99),
+    "inter_chunk_p50_ms": ("inter_chunk_ms", 50), "inter_chunk_p99_ms": ("inter_chunk_ms", 99),
+    "inter_chunk_mean_ms": ("inter_chunk_ms", "mean"),
+    "tpot_p50_ms": ("tpot_ms", 50), "e2e_p50_ms": ("e2e_ms", 50),
+    "send_lag_p50_ms": ("send_lag_ms", 50), "send_lag_p99_ms": ("send_lag_ms", 99),
+    "ttft_from_scheduled_p50_ms": ("ttft_from_scheduled_ms", 50),
+    "ttft_from_scheduled_p99_ms": ("ttft_from_scheduled_ms", 99),
+    "e2e_from_scheduled_p50_ms": ("e2e_from_scheduled_ms", 50),
+    "e2e_from_scheduled_p99_ms": ("e2e_from_scheduled_ms", 99),
+}  # fmt: skip
+
 
 def _is_number_type(annotation: Any) -> bool:
     args = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else ()
@@ -59,6 +85,22 @@ def figure_names(groups: Iterable[str]) -> list[str]:
         names += [f"{g}.{f}" for f in numeric_fields(GroupSummary)]
         names += [f"{g}.outcome.{o}" for o in OUTCOMES]
     return sorted(names)
+
+
+def sample_names(groups: Iterable[str]) -> list[str]:
+    """Every valid sample name (``<group>.<kind>``) for these group names, sorted."""
+    return sorted(f"{g}.{k}" for g in groups for k in SAMPLE_KINDS)
+
+
+def sample_of(figure: str) -> tuple[str, float | str] | None:
+    """The sample name and statistic behind ``figure`` (``fast.ttft_p99_ms`` ->
+    ``("fast.ttft_ms", 99)``), or ``None`` for a figure that is not one statistic of a
+    group's requests (server, proxy and run figures, counts, rates)."""
+    owner, _, field = figure.rpartition(".")
+    if not owner or field not in SAMPLE_FIGURES or owner.split(".")[0] in ("server", "proxy"):
+        return None
+    kind, stat = SAMPLE_FIGURES[field]
+    return f"{owner}.{kind}", stat
 
 
 def figures(summary: RunSummary) -> dict[str, float | None]:

@@ -35,6 +35,7 @@ ENGINE_PROBE_JSON = STATUS_FILE
 COMPARISON_MD = "comparison.md"
 COMPARISON_JSON = "comparison.json"
 COMPARISON_RUN_JSON = "comparison-run.json"
+REPEATS_JSON = "repeats.json"  # a run with repeats: its repeats, figures with intervals, gates
 
 
 def records_files(run_dir: Path, group: str) -> list[Path]:

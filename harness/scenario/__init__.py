@@ -13,6 +13,7 @@ from harness.scenario._load import load_scenario, parse_scenario
 from harness.scenario._matrix import MATRIX_PHASES, VICTIMS, MatrixConfig, cell_name
 from harness.scenario._models import (
     CollectorConfig,
+    GatingConfig,
     IncidentConfig,
     NamedProxyConfig,
     NetemConfig,
@@ -31,6 +32,7 @@ __all__ = [
     "CollectorConfig",
     "Gate",
     "GateSyntaxError",
+    "GatingConfig",
     "IncidentConfig",
     "MatrixConfig",
     "NamedProxyConfig",

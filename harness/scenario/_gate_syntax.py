@@ -23,8 +23,18 @@ the scenario is loaded); ``NUMBER`` is a decimal such as ``800``, ``1.2`` or ``2
 relative bound is ``factor * baseline + offset``, where ``baseline`` is the same figure in the
 baseline file (see :mod:`harness.gates._baseline`).
 
+A **distribution gate** compares a sample (``<group>.<kind>``, e.g. ``fast.ttft_ms``: every
+request's value, :data:`harness.runfolder.SAMPLE_KINDS`) with the baseline's::
+
+    fast.ttft_ms ~ baseline                  # medians within 10 % (the default threshold)
+    fast.itl_ms ~ baseline within 5%
+
+    dgate   := SAMPLE "~" "baseline" ["within" NUMBER "%"]
+
 Evaluation (:func:`evaluate_gates`) is strict: a figure this run did not measure (``None``)
 fails, and so does a relative gate whose baseline lacks the figure, each with its reason.
+A relative gate may also come out inconclusive when the intervals of the run and the baseline
+straddle the bound (:mod:`harness.gates._evaluate`).
 """
 
 from __future__ import annotations
@@ -42,13 +52,15 @@ OPS: dict[str, Callable[[float, float], bool]] = {
     ">": operator.gt,
     "==": operator.eq,
 }
+SAME = "~"  # the distribution gate's operator
+DEFAULT_WITHIN = 0.10  # a distribution gate's threshold on the ratio of medians
 
 _FIGURE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
-_OP = re.compile(r"<=|>=|==|<|>")
+_OP = re.compile(r"<=|>=|==|<|>|~")
 _TOKEN = re.compile(
     r"(?P<number>(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)"
     r"|(?P<word>[A-Za-z_][A-Za-z0-9_.]*)"
-    r"|(?P<star>\*)|(?P<plus>\+)|(?P<minus>-)"
+    r"|(?P<star>\*)|(?P<plus>\+)|(?P<minus>-)|(?P<percent>%)"
 )
 
 
@@ -64,7 +76,8 @@ class GateSyntaxError(ValueError):
 @dataclass(frozen=True)
 class Gate:
     """A parsed gate. For an absolute gate the bound is ``offset`` (``relative`` is False);
-    for a relative one it is ``factor * baseline + offset``."""
+    for a relative one it is ``factor * baseline + offset``. A distribution gate (``op`` is
+    ``~``) is relative and passes when the ratio of medians stays within ``1 ± within``."""
 
     text: str
     figure: str
@@ -72,6 +85,12 @@ class Gate:
     relative: bool
     factor: float = 1.0
     offset: float = 0.0
+    within: float = DEFAULT_WITHIN
+
+    @property
+    def distribution(self) -> bool:
+        """Whether this is a distribution gate (``SAMPLE ~ baseline``)."""
+        return self.op == SAME
 
     def bound(self, baseline: float | None = None) -> float | None:
         """The bound for this gate; ``None`` for a relative gate without a baseline value."""
@@ -125,6 +144,12 @@ def parse_gate(text: str) -> Gate:
     if op is None:
         raise GateSyntaxError(text, pos + 1, "expected a comparison: <=, <, >=, > or ==")
     toks = _tokens(text, op.end())
+    if op.group() == SAME:
+        return _distribution_gate(text, figure, toks)
+    if percent := next((t for t in toks if t.kind == "percent"), None):
+        raise GateSyntaxError(
+            text, percent.column, "expected a number, 'baseline', '*', '+' or '-'"
+        )
     end_col = len(text.rstrip()) + 1
     i = 0
 
@@ -176,10 +201,34 @@ def parse_gate(text: str) -> Gate:
     return Gate(text.strip(), figure, op.group(), relative, factor, offset)
 
 
-def unknown_figures(gates: Iterable[Gate], valid: Iterable[str]) -> list[Gate]:
-    """The gates whose figure is not in ``valid`` (see :func:`harness.runfolder.figure_names`)."""
-    names = set(valid)
-    return [g for g in gates if g.figure not in names]
+def _distribution_gate(text: str, figure: str, toks: list[_Tok]) -> Gate:
+    """``SAMPLE ~ baseline [within NUMBER %]`` (``toks``: what follows the ``~``)."""
+    kinds = [t.kind for t in toks]
+    end_col = len(text.rstrip()) + 1
+    if not toks or kinds[0] != "baseline":
+        col = toks[0].column if toks else end_col
+        raise GateSyntaxError(text, col, "expected 'baseline' after '~'")
+    within = DEFAULT_WITHIN
+    if len(toks) > 1:
+        if toks[1].text != "within" or kinds[2:4] != ["number", "percent"] or len(toks) > 4:
+            col = toks[1].column
+            raise GateSyntaxError(
+                text, col, "expected 'within N%' or the end of the gate after 'baseline'"
+            )
+        within = float(toks[2].text) / 100.0
+        if not 0 < within < 10:
+            raise GateSyntaxError(text, toks[2].column, "the threshold must be within 0..1000 %")
+    return Gate(text.strip(), figure, SAME, True, within=within)
+
+
+def unknown_figures(
+    gates: Iterable[Gate], valid: Iterable[str], samples: Iterable[str] = ()
+) -> list[Gate]:
+    """The gates whose figure is not in ``valid`` (see :func:`harness.runfolder.figure_names`),
+    or, for a distribution gate, whose sample is not in ``samples``
+    (:func:`harness.runfolder.sample_names`)."""
+    names, sample_set = set(valid), set(samples)
+    return [g for g in gates if g.figure not in (sample_set if g.distribution else names)]
 
 
 def needs_baseline(gates: Iterable[Gate]) -> bool:

@@ -9,9 +9,10 @@ its own window of ``cell_s`` seconds, after a control window in which only the v
   and ``tail_s`` more (the last cell's zombies decode to the end before the run ends: at its
   end the run releases the vanished connections, and the server hears them close);
 - per cell ``<phase>-<leave>`` (in the order of :meth:`MatrixConfig.cells`: the ``vanish``
-  cells last): ``repeats`` clients sent at the window's start that leave together: ``queued`` ``leave_after_s`` after the send while ``queue_fill`` long requests
-  (group ``<phase>-<leave>-fill``, sent just before; they reset at the window's end) hold
-  every batch slot (``queue_fill`` must be at least the engine's ``max_num_seqs``);
+  cells last): ``repeats`` clients sent at the window's start that leave together:
+  ``queued`` ``leave_after_s`` after the send while ``queue_fill`` long requests (group
+  ``<phase>-<leave>-fill``, sent just before; they reset at the window's end) hold every batch
+  slot (``queue_fill`` must be at least the engine's ``max_num_seqs``);
   ``prefill`` ``prefill_leave_after_s`` after sending a ``prefill_prompt_tokens`` prompt
   (asking ``prefill_max_tokens``);
   ``decode`` ``decode_leave_after_s`` after the send (by time: a load process late to read, on
@@ -81,7 +82,7 @@ class MatrixConfig(BaseModel):
         last (nothing ever aborts a vanished client's request: it decodes to ``max_tokens``,
         holding batch slots and KV through the windows after it, where it would queue the
         next cells' clients)."""
-        cells = [(p, h) for p in self.phases for h in self.leaves]
+        cells: list[tuple[str, str]] = [(p, h) for p in self.phases for h in self.leaves]
         return [c for c in cells if c[1] != "vanish"] + [c for c in cells if c[1] == "vanish"]
 
     def window(self, index: int) -> tuple[float, float]:

@@ -8,7 +8,7 @@ process of identical users with one read behaviour), and collector and verdict s
 from __future__ import annotations
 
 import difflib
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -24,7 +24,7 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from harness.runfolder import figure_names
+from harness.runfolder import figure_names, sample_names
 from harness.scenario._gate_syntax import Gate, GateSyntaxError, parse_gate, unknown_figures
 from harness.scenario._matrix import MatrixConfig, expand_matrix
 from harness.scenario._placement import PlacementConfig
@@ -63,6 +63,24 @@ class VerdictConfig(_Strict):
         "this long after its last generated token, while its client still lacked output, "
         "held KV",
     )
+
+
+class GatingConfig(_Strict):
+    """How gates treat noise (``[gating]``; ``harness.gates._evaluate``).
+
+    A relative gate compares the run's interval with the baseline's (each at ``confidence``,
+    from ``bootstrap_draws`` draws: ``harness.analysis._uncertainty``): it passes when the
+    bound holds across the interval, fails when it is broken across it, and is inconclusive
+    when the interval straddles the bound. ``inconclusive`` says what an inconclusive gate
+    does: ``fail``; ``warn`` (passes, with a warning); ``rerun`` (one more repeat, up to
+    ``max_reruns``, then as ``warn``). A distribution gate (``~ baseline``) fails only when
+    its Mann-Whitney U p-value is below ``alpha`` as well."""
+
+    confidence: float = Field(0.95, ge=0.5, lt=1, description="of every interval")
+    bootstrap_draws: int = Field(1000, ge=100, le=100_000)
+    inconclusive: Literal["fail", "warn", "rerun"] = "warn"
+    max_reruns: int = Field(2, ge=0, le=50, description="repeats added by 'rerun', at most")
+    alpha: float = Field(0.05, gt=0, lt=1, description="distribution gates' significance level")
 
 
 _PROXY_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -189,21 +207,25 @@ GateField = Annotated[Gate, PlainValidator(_gate), PlainSerializer(str, return_t
 def check_figures(gates: list[Gate], groups: list[UserGroupConfig]) -> None:
     """Raise a ``PydanticCustomError`` (``unknown_figure``) for the first gate whose figure
     is not one of ``groups``' figures (:func:`harness.runfolder.figure_names`)."""
-    valid = figure_names(
-        [g.name for g in groups] + [f"{g.name}.{b.name}" for g in groups for b in g.behaviours()]
-    )
-    for gate in unknown_figures(gates, valid):
-        close = difflib.get_close_matches(gate.figure, valid, n=1)
+    owners = [g.name for g in groups] + [
+        f"{g.name}.{b.name}" for g in groups for b in g.behaviours()
+    ]
+    valid, samples = figure_names(owners), sample_names(owners)
+    for gate in unknown_figures(gates, valid, samples):
+        names = samples if gate.distribution else valid
+        close = difflib.get_close_matches(gate.figure, names, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
+        what = "sample" if gate.distribution else "figure"
         raise PydanticCustomError(
             "unknown_figure",
-            "gate {quoted_gate}: unknown figure {figure}{hint}; valid figures: {valid}",
+            "gate {quoted_gate}: unknown {what} {figure}{hint}; valid {what}s: {valid}",
             {
                 "gate": gate.text,
                 "quoted_gate": repr(gate.text),
                 "figure": repr(gate.figure),
+                "what": what,
                 "hint": hint,
-                "valid": ", ".join(valid),
+                "valid": ", ".join(names),
                 "gate_index": gates.index(gate),
             },
         )
@@ -246,6 +268,14 @@ class Scenario(_Strict):
     gates: list[GateField] = Field(
         [], description="SLO gates such as 'fast.ttft_p99_ms <= 800' (see harness.gates._gates)"
     )
+    repeats: int = Field(
+        1,
+        ge=1,
+        le=100,
+        description="run the workload this many times against one target (started once) and "
+        "gate on the figures of all of them, with intervals",
+    )
+    gating: GatingConfig = GatingConfig()
 
     @field_validator("gates")
     @classmethod
