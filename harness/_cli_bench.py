@@ -1,9 +1,12 @@
 """``zerowindow bench client`` and ``zerowindow bench proxy``: self-checks of the toolkit's
-load client and egress buffer on this machine (``harness.benchmarks``), as a table or JSON."""
+load client and egress buffer on this machine (``harness.benchmarks``), as a table or JSON;
+``zerowindow bench gates``: seeded A/A and A/B trials of a scenario's gates."""
 
 from __future__ import annotations
 
+import json
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -29,7 +32,8 @@ from harness.benchmarks._render import (
     to_json,
     verdict_lines,
 )
-from harness.lifecycle import EXIT_FAILED, EXIT_INTERRUPTED
+from harness.lifecycle import EXIT_FAILED, EXIT_INTERRUPTED, run_gate_trials
+from harness.scenario import load_scenario
 
 bench_app = typer.Typer(
     help="Self-checks: measure the load client and the egress buffer on this machine.",
@@ -161,3 +165,46 @@ def bench_proxy(
         typer.echo(f"interrupted ({exc}); every process the benchmark started is stopped", err=True)
         raise typer.Exit(EXIT_INTERRUPTED) from None
     _finish(bench, as_json, strict, "zerowindow bench proxy")
+
+
+@bench_app.command("gates")
+def bench_gates(
+    baseline: Annotated[Path, typer.Argument(help="the baseline scenario (TOML), also the A/A")],
+    candidate: Annotated[Path, typer.Argument(help="the candidate scenario (TOML): A/B")],
+    trials: Annotated[int, typer.Option(min=1, help="seeded trials of each experiment")] = 20,
+    first_seed: Annotated[int, typer.Option(help="seed of the first trial")] = 0,
+    out: Annotated[Path, typer.Option(help="folder of the trials' runs")] = Path(
+        "results/gate-trials"
+    ),
+    as_json: JsonOption = False,
+) -> None:
+    """Do the gates flake, do they miss? For each seeded trial: run BASELINE and save it as a
+    baseline, then gate BASELINE again (A/A: no gate may fail) and CANDIDATE (A/B: its gates
+    should fail) against it (docs/gates.md). Prints, per experiment, the trials whose gates
+    failed and each gate's verdicts.
+
+    Exit code: 0 measured (whatever the counts), 2 a scenario is invalid."""
+    with setup_errors("invalid scenario", scenario=baseline):
+        base = load_scenario(baseline)
+    with setup_errors("invalid scenario", scenario=candidate):
+        cand = load_scenario(candidate)
+    with setup_errors("cannot run the trials", scenario=baseline):
+        result = run_gate_trials(
+            base, cand, trials=trials, out_root=out, first_seed=first_seed, progress=_progress
+        )
+    data = {
+        "command": f"zerowindow bench gates {baseline} {candidate} --trials {trials} "
+        f"--first-seed {first_seed}",
+        "A/A": result.same.as_dict(),
+        "A/B": result.changed.as_dict(),
+        "errors": result.errors,
+    }
+    if as_json:
+        typer.echo(json.dumps(data, indent=2))
+        return
+    for name, exp in (("A/A (same settings)", result.same), ("A/B (candidate)", result.changed)):
+        typer.echo(f"{name}: a gate failed in {exp.failed} of {exp.trials} trials")
+        for gate, counts in exp.verdicts.items():
+            typer.echo(f"  {gate}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    for line in result.errors:
+        typer.echo(f"not judged: {line}", err=True)

@@ -263,7 +263,7 @@ def _distribution(
     assert diff.ratio_low is not None and diff.ratio_high is not None
     if lo <= diff.ratio_low and diff.ratio_high <= hi:
         verdict = PASS
-    elif (diff.ratio_high < lo or diff.ratio_low > hi) and (diff.p_value or 1.0) < policy.alpha:
+    elif (diff.ratio_high < lo or diff.ratio_low > hi) and _below(diff.p_value, policy.alpha):
         verdict = FAIL
     else:
         verdict = INCONCLUSIVE
@@ -280,6 +280,10 @@ def _distribution(
         effect=diff.ratio, effect_low=diff.ratio_low, effect_high=diff.ratio_high,
         p_value=diff.p_value, test=diff.test,
     )  # fmt: skip
+
+
+def _below(p: float | None, alpha: float) -> bool:
+    return p is not None and p < alpha
 
 
 def _with(

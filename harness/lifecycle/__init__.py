@@ -21,6 +21,7 @@ from harness.lifecycle._distributed import (
     parse_address,
     run_worker,
 )
+from harness.lifecycle._gate_trials import GateTrials, run_gate_trials
 from harness.lifecycle._inputs import url_target
 from harness.lifecycle._progress import RunProgress
 from harness.lifecycle._repeats import RepeatsResult, run_repeats
@@ -37,6 +38,7 @@ __all__ = [
     "ComparisonResult",
     "DistributedError",
     "Distribution",
+    "GateTrials",
     "RunInterrupted",
     "RunProgress",
     "RepeatsResult",
@@ -50,6 +52,7 @@ __all__ = [
     "parse_address",
     "reanalyze",
     "run_comparison",
+    "run_gate_trials",
     "run_repeats",
     "run_scenario",
     "run_suite",
