@@ -205,29 +205,35 @@ def _statistic(values: np.ndarray, stat: float | str) -> float:
 
 
 def _bootstrap(
-    rows: pd.DataFrame, stat: float | str, n: int, rng: np.random.Generator
+    rows: pd.DataFrame, stat: float | str, n: int, rng: np.random.Generator, block: int = 64
 ) -> np.ndarray:
-    """``n`` hierarchical bootstrap draws of ``stat`` over ``rows`` (one sample's rows)."""
+    """``n`` hierarchical bootstrap draws of ``stat`` over ``rows`` (one sample's rows): per
+    draw, the repeats are picked with replacement, then each picked repeat's requests (a
+    repeat picked ``k`` times gives ``k`` times its count of request picks); a value weighs
+    what its request was picked. Computed ``block`` draws at a time."""
     order = np.argsort(rows["value"].to_numpy(), kind="stable")
     values = rows["value"].to_numpy()[order]
-    keys = rows["repeat"].to_numpy() * (1 << 32) + rows["request"].to_numpy()
+    keys = rows["repeat"].to_numpy().astype(np.int64) * (1 << 32) + rows["request"].to_numpy()
     uniq, owner = np.unique(keys[order], return_inverse=True)
     repeat_of = uniq >> 32
-    repeats = np.unique(repeat_of)
-    members = [np.flatnonzero(repeat_of == r) for r in repeats]
+    members = [np.flatnonzero(repeat_of == r) for r in np.unique(repeat_of)]
+    picks = rng.multinomial(len(members), np.full(len(members), 1 / len(members)), size=n)
     out = np.empty(n)
-    for b in range(n):
-        weights = np.zeros(len(uniq))
-        for r in rng.integers(0, len(repeats), len(repeats)):
-            m = members[r]
-            weights[m] += np.bincount(rng.integers(0, len(m), len(m)), minlength=len(m))
-        w = weights[owner]
+    for start in range(0, n, block):
+        stop = min(n, start + block)
+        weights = np.zeros((stop - start, len(uniq)))
+        for j, m in enumerate(members):
+            weights[:, m] = rng.multinomial(
+                picks[start:stop, j] * len(m), np.full(len(m), 1 / len(m))
+            )
+        w = weights[:, owner]
         if stat == "mean":
-            out[b] = float((w * values).sum() / w.sum())
+            out[start:stop] = (w @ values) / w.sum(axis=1)
         else:
-            cum = np.cumsum(w)
-            k = int(np.searchsorted(cum, float(stat) / 100.0 * cum[-1], side="left"))
-            out[b] = values[min(k, len(values) - 1)]
+            cum = np.cumsum(w, axis=1)
+            target = float(stat) / 100.0 * cum[:, -1]
+            k = (cum < target[:, None]).sum(axis=1)
+            out[start:stop] = values[np.minimum(k, len(values) - 1)]
     return out
 
 
