@@ -37,6 +37,7 @@ from typing import Literal
 
 import numpy as np
 import pandas as pd
+from pydantic import ValidationError
 from scipy import stats
 
 from harness.analysis._latency import token_gaps
@@ -158,8 +159,14 @@ def evidence_of(run_dirs: Sequence[Path]) -> Evidence:
         path = run_dir / SUMMARY_JSON
         try:
             summary = RunSummary.model_validate_json(path.read_bytes())
-        except (OSError, ValueError) as exc:
+        except OSError as exc:
             raise RunFolderError(f"{path}: cannot read the run's summary: {exc}") from None
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in err["loc"])
+            raise RunFolderError(
+                f"{path}: {where}: {err['msg']} (written by an older zerowindow?)"
+            ) from None
         per_repeat.append(figures(summary))
         requests, chunks = read_parquet(run_dir / REQUESTS), read_parquet(run_dir / CHUNKS)
         if len(requests) and len(chunks.columns):

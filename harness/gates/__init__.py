@@ -8,6 +8,7 @@ from harness.gates._baseline import (
     baseline_path,
     load_baseline,
     read_summary,
+    repeat_dirs,
     save_baseline,
 )
 from harness.gates._evaluate import (
@@ -33,6 +34,7 @@ __all__ = [
     "evaluate_gates",
     "load_baseline",
     "read_summary",
+    "repeat_dirs",
     "save_baseline",
     "wants_rerun",
 ]

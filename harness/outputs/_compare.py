@@ -1,6 +1,11 @@
 """Comparison of runs: their figures (``harness.runfolder``) side by side, with ratios against
 the first run, as a terminal table, markdown, CSV, JSON, or an HTML page with overlaid TTFT and
 ITL CDFs per user class.
+
+A run is a run folder or a run with repeats (its figures over every repeat). Each figure that
+has an interval (``harness.analysis._uncertainty``: latency figures from their requests, other
+figures over two or more repeats) shows it, and so does its ratio against the first run; a
+ratio whose interval excludes 1 is marked ``*`` (a significant difference at that confidence).
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ import fnmatch
 import io
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +24,8 @@ from markupsafe import Markup
 from pydantic import ValidationError
 from rich.table import Table
 
+from harness.analysis import compare_figure, estimate, evidence_of, pooled_figures
+from harness.gates import BaselineError, repeat_dirs
 from harness.outputs._format import fmt_number
 from harness.outputs._report._data import (
     ReportError,
@@ -30,18 +37,31 @@ from harness.outputs._report._data import (
 )
 from harness.outputs._report._plots import cdf_figure, fragment, plotly_js
 from harness.runfolder import RunSummary, figures
+from zwcore import RunFolderError
 
 FORMATS = ("table", "markdown", "csv", "json")
+
+
+CONFIDENCE, DRAWS = 0.95, 400
+Span = tuple[float, float] | None
 
 
 @dataclass
 class FigureRow:
     """One figure across the runs: ``values[i]`` of run ``i`` and ``ratios[i]`` =
-    ``values[i] / values[0]`` (``None`` when either is missing or the first is 0)."""
+    ``values[i] / values[0]`` (``None`` when either is missing or the first is 0);
+    ``intervals[i]`` and ``ratio_intervals[i]`` their intervals at :data:`CONFIDENCE` (``None``
+    without one), ``significant[i]``: the ratio's interval excludes 1."""
 
     name: str
     values: list[float | None]
     ratios: list[float | None]
+    intervals: list[Span] = field(default_factory=list)
+    ratio_intervals: list[Span] = field(default_factory=list)
+
+    @property
+    def significant(self) -> list[bool]:
+        return [s is not None and (s[0] > 1 or s[1] < 1) for s in self.ratio_intervals]
 
 
 @dataclass
@@ -85,8 +105,16 @@ def compare_runs(run_dirs: Sequence[Path], only: Sequence[str] = ()) -> Comparis
     name matches any of these shell patterns (``fast.ttft_*``, ``server.*``). Raises
     :class:`ReportError` for a folder that cannot be read or an incompatible ``summary.json``,
     and ``ValueError`` when ``only`` matches no figure."""
-    runs = [load_run(Path(d), with_records=False) for d in run_dirs]
-    tables = [figures(_summary(r)) for r in runs]
+    runs, evidence, tables = [], [], []
+    for d in run_dirs:
+        try:
+            dirs = repeat_dirs(Path(d))
+            evidence.append(evidence_of(dirs))
+        except (BaselineError, RunFolderError) as exc:
+            raise ReportError(str(exc)) from None
+        data = replace(load_run(dirs[-1], with_records=False), run_dir=Path(d))
+        runs.append(data)
+        tables.append(figures(_summary(data)) if len(dirs) == 1 else pooled_figures(evidence[-1]))
     names = list(dict.fromkeys(n for t in tables for n in sorted(t)))
     names = [n for n in names if any(t.get(n) is not None for t in tables)]
     if only:
@@ -96,7 +124,15 @@ def compare_runs(run_dirs: Sequence[Path], only: Sequence[str] = ()) -> Comparis
     rows = []
     for name in names:
         values = [t.get(name) for t in tables]
-        rows.append(FigureRow(name, values, [_ratio(v, values[0]) for v in values]))
+        row = FigureRow(name, values, [_ratio(v, values[0]) for v in values])
+        for ev in evidence:
+            est = estimate(ev, name, confidence=CONFIDENCE, n=DRAWS)
+            low, high = est.low, est.high
+            row.intervals.append(None if low is None or high is None else (low, high))
+            diff = compare_figure(ev, evidence[0], name, confidence=CONFIDENCE, n=DRAWS)
+            low, high = diff.ratio_low, diff.ratio_high
+            row.ratio_intervals.append(None if low is None or high is None else (low, high))
+        rows.append(row)
     return Comparison(runs, _labels(runs), rows)
 
 
@@ -119,17 +155,36 @@ def _header(c: Comparison) -> list[str]:
     return head
 
 
+def _span_text(span: Span) -> str:
+    return "" if span is None else f" [{fmt_number(span[0])}, {fmt_number(span[1])}]"
+
+
+def _ratio_span_text(span: Span) -> str:
+    return "" if span is None else f" [{span[0]:.2f}, {span[1]:.2f}]"
+
+
 def _cells(row: FigureRow, number: Any = fmt_number, ratio: Any = _ratio_text) -> list[str]:
-    cells = [row.name, number(row.values[0])]
-    for v, r in zip(row.values[1:], row.ratios[1:], strict=True):
-        cells += [number(v), ratio(r)]
+    """The row's cells; with the default formats each value carries its interval and each
+    ratio its interval and ``*`` when significant (CSV keeps raw numbers)."""
+    spans = (number is fmt_number) and len(row.intervals) == len(row.values)
+    cells = [row.name, number(row.values[0]) + (_span_text(row.intervals[0]) if spans else "")]
+    for i in range(1, len(row.values)):
+        value, r = number(row.values[i]), ratio(row.ratios[i])
+        if spans and row.values[i] is not None:
+            value += _span_text(row.intervals[i])
+            r += _ratio_span_text(row.ratio_intervals[i]) + ("*" if row.significant[i] else "")
+        cells += [value, r]
     return cells
 
 
 def rich_table(c: Comparison) -> Table:
     """The comparison as a rich table; ratios are against the first run."""
     head = _header(c)
-    table = Table(title=f"figures, ratios against {head[1]}", title_justify="left")
+    table = Table(
+        title=f"figures [{CONFIDENCE:.0%} interval], ratios against {head[1]} "
+        "(*: the ratio's interval excludes 1)",
+        title_justify="left",
+    )
     for i, col in enumerate(head):
         table.add_column(col, justify="left" if i == 0 else "right")
     for row in c.rows:
@@ -163,7 +218,11 @@ def to_json(c: Comparison) -> str:
          "status": r.summary.get("status")}
         for label, r in zip(c.labels, c.runs, strict=True)
     ]  # fmt: skip
-    rows = [{"name": r.name, "values": r.values, "ratios": r.ratios} for r in c.rows]
+    rows = [
+        {"name": r.name, "values": r.values, "ratios": r.ratios, "intervals": r.intervals,
+         "ratio_intervals": r.ratio_intervals, "significant": r.significant}
+        for r in c.rows
+    ]  # fmt: skip
     return json.dumps({"runs": runs, "figures": rows}, indent=2) + "\n"
 
 
