@@ -139,7 +139,7 @@ def run(
     if config.proxies:
         _run_comparison(config, scenario, out, target_url, distribution)
     count = repeats or config.repeats
-    if count > 1 or config.gating.inconclusive == "rerun":
+    if count > 1 or config.control or config.gating.inconclusive == "rerun":
         with setup_errors(_RUN_TITLES, scenario=scenario):
             done = run_repeats(
                 config, repeats=count, scenario_path=scenario, out_root=out,
@@ -409,12 +409,14 @@ def _run_comparison(
 
 def _print_repeats(config: Scenario, done: RepeatsResult) -> None:
     print_repeats(
-        done.figures, done.gates, repeats=len(done.runs), confidence=config.gating.confidence
-    )
+        done.figures, done.gates, repeats=len(done.runs), confidence=config.gating.confidence,
+        impact=done.impact,
+    )  # fmt: skip
     print_gates(done.gates, exit_code=done.exit_code)
     markdown = repeats_markdown(
-        config.name, done.figures, done.gates, run_dir=done.run_dir, exit_code=done.exit_code
-    )
+        config.name, done.figures, done.gates, run_dir=done.run_dir, exit_code=done.exit_code,
+        impact=done.impact,
+    )  # fmt: skip
     try:
         append_markdown(markdown)
     except OSError as exc:

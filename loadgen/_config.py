@@ -77,7 +77,8 @@ class UserGroupConfig(BaseModel):
     request (``loadgen._lengths``).
     ``timeout_s``: per-request deadline from send to end. ``start_after_s``: how long after the
     run's load phase begins the group's users start (the harness starts the group's process
-    that much later; a plain locustfile ignores it).
+    that much later; a plain locustfile ignores it). ``aggressor``: the harness's control arm
+    runs the scenario without this group (a plain locustfile ignores it).
 
     Validation errors (``pydantic.ValidationError``): out-of-range numbers, unknown fields or
     kinds, a ``stall``/``stop_reading`` pause not shorter than ``timeout_s``, a closed loop
@@ -123,6 +124,11 @@ class UserGroupConfig(BaseModel):
     )
     timeout_s: float = Field(default=120.0, gt=0)
     start_after_s: float = Field(default=0.0, ge=0)
+    aggressor: bool = Field(
+        False,
+        description="a group whose cost to the others is under test (slow readers): a "
+        "scenario with control = true also runs without it",
+    )
 
     @model_validator(mode="after")
     def _one_loop(self) -> UserGroupConfig:

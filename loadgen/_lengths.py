@@ -128,7 +128,6 @@ LengthConfig = Annotated[LengthBase, LENGTHS.validator, LENGTHS.serializer]
 """A field holding any registered length distribution, chosen by its ``kind``."""
 
 
-
 class _TokenCountField:
     """Pydantic metadata of :data:`TokenCount`: a whole number of at least 1 stays a number; a
     table is validated by its ``kind`` (errors at their own location, as any registry

@@ -43,10 +43,13 @@ from scipy import stats
 from harness.analysis._latency import token_gaps
 from harness.runfolder import (
     CHUNKS,
+    IMPACT_DIFFERENCES,
+    IMPACT_FIGURES,
     REQUESTS,
     SUMMARY_JSON,
     RunSummary,
     figures,
+    impact_name,
     read_parquet,
     sample_of,
 )
@@ -380,3 +383,38 @@ def median_ratio(
     ratio = float(np.median(a["value"]) / np.median(b["value"]))
     low, high = interval(r, confidence) if r is not None else (None, None)
     return Difference(ratio, low, high, p, test)
+
+
+def impact(
+    full: Evidence,
+    control: Evidence,
+    victims: Sequence[str],
+    *,
+    confidence: float = 0.95,
+    n: int = 1000,
+) -> dict[str, float | None]:
+    """What the aggressors cost the ``victims`` groups: a run with them (``full``) against the
+    same schedule without them (``control``). ``impact.<group>.<figure>`` is the ratio of each
+    of :data:`~harness.runfolder.IMPACT_FIGURES` (full / control; ``ttft_p99_ms`` ->
+    ``impact.fast.ttft_p99``), ``impact.server.preemptions`` and
+    ``impact.server.kv_cache_usage_peak_perc`` the difference (full - control); each with
+    ``_low`` and ``_high``, its interval's ends from independent draws of both arms (``None``
+    where either arm did not measure it)."""
+    out: dict[str, float | None] = {}
+    for figure in [f"{g}.{f}" for g in victims for f in IMPACT_FIGURES]:
+        diff = compare_figure(full, control, figure, confidence=confidence, n=n)
+        name = impact_name(figure)
+        out.update(
+            {name: diff.ratio, f"{name}_low": diff.ratio_low, f"{name}_high": diff.ratio_high}
+        )
+    rng = np.random.default_rng(0)
+    for figure in IMPACT_DIFFERENCES:
+        a, b = point(full, figure)[0], point(control, figure)[0]
+        da, db = draws(full, figure, n=n, rng=rng), draws(control, figure, n=n, rng=rng)
+        name = impact_name(figure)
+        value = a - b if a is not None and b is not None else None
+        low, high = (
+            interval(da - db, confidence) if da is not None and db is not None else (None, None)
+        )
+        out.update({name: value, f"{name}_low": low, f"{name}_high": high})
+    return out

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.analysis import estimate, evidence_of, pooled_figures
+from harness.analysis import estimate, evidence_of, impact, pooled_figures
 from harness.gates import Baseline, GateResult, evaluate_gates, wants_rerun
 from harness.lifecycle._conclude import EXIT_OK, RunResult, exit_code
 from harness.lifecycle._distributed import Distribution
@@ -36,7 +36,8 @@ class RepeatsResult:
     gates evaluated over all of them, each figure's estimate (``figures``: name -> value, low,
     high, per_repeat, method), the baseline file used, and the exit code (0 complete and every
     gate passed, 1 a repeat failed or a gate failed, 2 the target could not start, 130
-    interrupted) with why it is not 0."""
+    interrupted) with why it is not 0. With a control arm: its runs (``controls``, one per
+    repeat) and the ``impact`` figures (``harness.analysis.impact``)."""
 
     run_dir: Path
     runs: list[RunResult] = field(default_factory=list)
@@ -45,6 +46,8 @@ class RepeatsResult:
     baseline: Path | None = None
     exit_code: int = EXIT_OK
     failure: str | None = None
+    controls: list[RunResult] = field(default_factory=list)
+    impact: dict[str, float | None] = field(default_factory=dict)
 
 
 def run_repeats(
@@ -73,8 +76,14 @@ def run_repeats(
     base_evidence = base[1].evidence(base[0]) if base is not None else None
     policy = scenario.gating
     done: list[RunResult] = []
+    controls: list[RunResult] = []
     gates: list[GateResult] = []
     figures: dict[str, dict[str, object]] = {}
+    impacts: dict[str, float | None] = {}
+    victims = [g.name for g in scenario.groups if not g.aggressor]
+    without = scenario.model_copy(
+        update={"gates": [], "groups": [g for g in scenario.groups if not g.aggressor]}
+    )
 
     def judge(*, final: bool) -> list[GateResult]:
         evidence = evidence_of([r.run_dir for r in done])
@@ -83,6 +92,17 @@ def run_repeats(
         for name in pooled:
             est = estimate(evidence, name, confidence=policy.confidence, n=policy.bootstrap_draws)
             figures[name] = est.as_dict()
+        if controls:
+            impacts.update(
+                impact(
+                    evidence,
+                    evidence_of([r.run_dir for r in controls]),
+                    victims,
+                    confidence=policy.confidence,
+                    n=policy.bootstrap_draws,
+                )  # fmt: skip
+            )
+            pooled.update(impacts)
         return evaluate_gates(
             scenario.gates,
             pooled,
@@ -102,6 +122,9 @@ def run_repeats(
             name = f"r{i + 1}"
             series.info["runs"].append(name)
             done.append(series.run(name, ungated))
+            if scenario.control:  # the same schedule without the aggressors
+                series.info["controls"].append(f"c{i + 1}")
+                controls.append(series.run(f"c{i + 1}", without))
             if i + 1 < count:
                 continue
             last = i + 1 == count + policy.max_reruns  # out of reruns: judged as final
@@ -113,12 +136,13 @@ def run_repeats(
         scenario, body,
         record=REPEATS_JSON, scenario_path=scenario_path, out_root=out_root,
         target_url=target_url, distribution=distribution,
-        info={"repeats": count, "runs": []},
+        info={"repeats": count, "runs": [], "controls": []},
     )  # fmt: skip
     out = RepeatsResult(result.run_dir, done, gates, dict(figures), base[0] if base else None)
+    out.controls, out.impact = controls, impacts
     out.exit_code, out.failure = result.exit_code, result.failure
     if out.exit_code == EXIT_OK and done:
-        out.exit_code = exit_code(_status(done), setup_failed=False, gates=gates)
+        out.exit_code = exit_code(_status(done + controls), setup_failed=False, gates=gates)
     _write(out, base)
     return out
 
@@ -146,6 +170,7 @@ def _write(out: RepeatsResult, base: tuple[Path, Baseline] | None) -> None:
     record = read_json(out.run_dir / REPEATS_JSON)
     record.update(
         figures=out.figures,
+        impact=out.impact,
         gates=[vars(g) for g in out.gates],
         exit_code=out.exit_code,
         failure=out.failure,

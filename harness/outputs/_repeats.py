@@ -38,6 +38,25 @@ def interval_text(row: Mapping[str, Any], digits: int = 1) -> str:
     return f"{fmt_number(value, digits)}{span}"
 
 
+def impact_lines(impact: Mapping[str, float | None]) -> list[str]:
+    """One line per victim group (and the server) of a control arm's impact figures:
+    ``fast: ttft_p99 x3.40 [2.90, 4.10], ...``; ``server: preemptions +28 [20, 36], ...``."""
+    by_owner: dict[str, list[str]] = {}
+    for name, value in impact.items():
+        if name.endswith(("_low", "_high")) or value is None:
+            continue
+        owner, _, figure = name.removeprefix("impact.").rpartition(".")
+        low, high = impact.get(f"{name}_low"), impact.get(f"{name}_high")
+        if owner == "server":
+            span = "" if low is None or high is None else f" [{low:+.3g}, {high:+.3g}]"
+            text = f"{figure} {value:+.3g}{span}"
+        else:
+            span = "" if low is None or high is None else f" [{low:.2f}, {high:.2f}]"
+            text = f"{figure} x{value:.2f}{span}"
+        by_owner.setdefault(owner, []).append(text)
+    return [f"{owner}: {', '.join(parts)}" for owner, parts in by_owner.items()]
+
+
 def _per_repeat(row: Mapping[str, Any]) -> str:
     return ", ".join(fmt_number(v, 1) for v in row.get("per_repeat", []))
 
@@ -48,9 +67,11 @@ def print_repeats(
     *,
     repeats: int,
     confidence: float,
+    impact: Mapping[str, float | None] | None = None,
     console: Console | None = None,
 ) -> None:
-    """Print the figures of :func:`shown_figures` with their intervals and per-repeat values."""
+    """Print the figures of :func:`shown_figures` with their intervals and per-repeat values,
+    and a control arm's impact (:func:`impact_lines`)."""
     console = console or Console(width=None if sys.stdout.isatty() else 160)
     table = Table(
         title=f"{repeats} repeats: figures with {confidence:.0%} intervals", title_justify="left"
@@ -61,6 +82,10 @@ def print_repeats(
         row = figures[name]
         table.add_row(escape(name), interval_text(row), str(row.get("method")), _per_repeat(row))
     console.print(table)
+    if impact:
+        console.print("impact of the aggressors (with / without them; server: with - without):")
+        for line in impact_lines(impact):
+            console.print(f"  {escape(line)}")
 
 
 def repeats_markdown(
@@ -70,6 +95,7 @@ def repeats_markdown(
     *,
     run_dir: Path,
     exit_code: int,
+    impact: Mapping[str, float | None] | None = None,
 ) -> str:
     """The GitHub step summary section of a run with repeats: the gates (verdict and reason:
     intervals, effect, p-value) and the figures with their intervals."""
@@ -84,5 +110,8 @@ def repeats_markdown(
     out += ["| figure | estimate [interval] | per repeat |", "| --- | ---: | --- |"]
     for name in shown_figures(figures, gates):
         out.append(f"| `{name}` | {interval_text(figures[name])} | {_per_repeat(figures[name])} |")
+    if impact:
+        out += ["", "Impact of the aggressors (with / without them; server: with - without):", ""]
+        out += [f"- {line}" for line in impact_lines(impact)]
     out += ["", f"Run folder: `{run_dir}`", ""]
     return "\n".join(out)

@@ -2,11 +2,15 @@
 names derived from it, and reading and writing its JSON and Parquet files."""
 
 from harness.runfolder._figures import (
+    IMPACT_DIFFERENCES,
+    IMPACT_FIGURES,
     RUN_FIGURES,
     SAMPLE_FIGURES,
     SAMPLE_KINDS,
     figure_names,
     figures,
+    impact_name,
+    impact_names,
     numeric_fields,
     sample_names,
     sample_of,
@@ -52,6 +56,8 @@ from harness.runfolder._schema import (
 )
 
 __all__ = [
+    "IMPACT_DIFFERENCES",
+    "IMPACT_FIGURES",
     "CHUNKS",
     "COMPARISON_JSON",
     "COMPARISON_MD",
@@ -89,6 +95,8 @@ __all__ = [
     "keep_plugins",
     "kept_plugins",
     "new_run_dir",
+    "impact_name",
+    "impact_names",
     "numeric_fields",
     "sample_names",
     "sample_of",

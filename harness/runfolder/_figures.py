@@ -87,6 +87,27 @@ def figure_names(groups: Iterable[str]) -> list[str]:
     return sorted(names)
 
 
+# A control arm's impact figures (``harness.analysis._uncertainty``): per victim group, the
+# ratio of these figures with the aggressors to without, and their interval's ends.
+IMPACT_FIGURES = ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "e2e_p50_ms")
+# Server figures whose impact is a difference (with minus without), not a ratio.
+IMPACT_DIFFERENCES = ("server.preemptions", "server.kv_cache_usage_peak_perc")
+
+
+def impact_name(figure: str) -> str:
+    """The impact figure of ``figure``: ``impact.<figure>`` without its ``_ms`` unit (a ratio
+    has none): ``fast.ttft_p99_ms`` -> ``impact.fast.ttft_p99``."""
+    return "impact." + figure.removesuffix("_ms")
+
+
+def impact_names(victims: Iterable[str]) -> list[str]:
+    """Every impact figure name for these victim groups: ``impact.<group>.<figure>`` (ratio),
+    ``impact.server.preemptions`` (difference), each with ``_low`` and ``_high`` (its
+    interval's ends)."""
+    bases = [f"{g}.{f}" for g in victims for f in IMPACT_FIGURES] + list(IMPACT_DIFFERENCES)
+    return sorted(impact_name(b) + end for b in bases for end in ("", "_low", "_high"))
+
+
 def sample_names(groups: Iterable[str]) -> list[str]:
     """Every valid sample name (``<group>.<kind>``) for these group names, sorted."""
     return sorted(f"{g}.{k}" for g in groups for k in SAMPLE_KINDS)

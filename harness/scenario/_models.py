@@ -24,7 +24,7 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from harness.runfolder import figure_names, sample_names
+from harness.runfolder import figure_names, impact_names, sample_names
 from harness.scenario._gate_syntax import Gate, GateSyntaxError, parse_gate, unknown_figures
 from harness.scenario._matrix import MatrixConfig, expand_matrix
 from harness.scenario._placement import PlacementConfig
@@ -204,13 +204,18 @@ def _gate(value: Any) -> Gate:
 GateField = Annotated[Gate, PlainValidator(_gate), PlainSerializer(str, return_type=str)]
 
 
-def check_figures(gates: list[Gate], groups: list[UserGroupConfig]) -> None:
+def check_figures(
+    gates: list[Gate], groups: list[UserGroupConfig], *, control: bool = False
+) -> None:
     """Raise a ``PydanticCustomError`` (``unknown_figure``) for the first gate whose figure
-    is not one of ``groups``' figures (:func:`harness.runfolder.figure_names`)."""
+    is not one of ``groups``' figures (:func:`harness.runfolder.figure_names`; with a
+    ``control`` arm also the impact figures of the groups that are not aggressors)."""
     owners = [g.name for g in groups] + [
         f"{g.name}.{b.name}" for g in groups for b in g.behaviours()
     ]
     valid, samples = figure_names(owners), sample_names(owners)
+    if control:
+        valid = sorted(valid + impact_names(g.name for g in groups if not g.aggressor))
     for gate in unknown_figures(gates, valid, samples):
         names = samples if gate.distribution else valid
         close = difflib.get_close_matches(gate.figure, names, n=1)
@@ -265,6 +270,11 @@ class Scenario(_Strict):
     groups: list[UserGroupConfig] = Field(min_length=1)
     collectors: CollectorConfig = CollectorConfig()
     verdict: VerdictConfig = VerdictConfig()
+    control: bool = Field(
+        False,
+        description="also run the same schedule without the aggressor groups, and report the "
+        "others' impact (impact.<group>.<figure>) with intervals",
+    )
     gates: list[GateField] = Field(
         [], description="SLO gates such as 'fast.ttft_p99_ms <= 800' (see harness.gates._gates)"
     )
@@ -283,7 +293,7 @@ class Scenario(_Strict):
         groups = info.data.get("groups")
         if groups is None:  # the groups did not validate: that error is reported instead
             return gates
-        check_figures(gates, groups)
+        check_figures(gates, groups, control=bool(info.data.get("control")))
         return gates
 
     netem: NetemConfig = NetemConfig()
@@ -311,6 +321,19 @@ class Scenario(_Strict):
                     {"type": exc, "loc": ("incident", "findings"), "input": None}
                 ]
                 raise ValidationError.from_exception_data(type(self).__name__, details) from None
+        return self
+
+    @model_validator(mode="after")
+    def _control_has_both_sides(self) -> Scenario:
+        if self.control:
+            aggressors = [g.name for g in self.groups if g.aggressor]
+            if not aggressors or len(aggressors) == len(self.groups):
+                raise ValueError(
+                    "control = true needs aggressor groups (aggressor = true) and others: the "
+                    f"control arm runs without the aggressors (here: {aggressors or 'none'})"
+                )
+            if self.proxies:
+                raise ValueError("control = true with proxies = [...] is not supported")
         return self
 
     @model_validator(mode="after")
