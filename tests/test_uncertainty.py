@@ -10,8 +10,9 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from harness.analysis import Evidence, estimate, median_ratio, run_samples
+from harness.analysis import Evidence, estimate, impact, median_ratio, run_samples
 from harness.gates import evaluate_gates, wants_rerun
+from harness.runfolder import impact_names
 from harness.scenario import GateSyntaxError, GatingConfig, ScenarioError, parse_gate
 from harness.scenario import parse_scenario as parse
 
@@ -196,3 +197,40 @@ def test_a_distribution_gate_names_a_sample() -> None:
     with pytest.raises(ScenarioError) as exc:
         parse(SCENARIO.format(gate="fast.ttft_ms <= 5"), path=Path("t.toml"))
     assert "unknown figure 'fast.ttft_ms'" in str(exc.value)
+
+
+def test_impact_is_a_ratio_for_victims_and_a_difference_for_the_server() -> None:
+    control = _evidence(_lognormal(1), _lognormal(2))
+    hurt = _evidence(*(_lognormal(s, scale=2.0) for s in (3, 4)))
+    out = impact(hurt, control, ["fast"])
+    assert out["impact.fast.ttft_p50"] == pytest.approx(2.0, rel=0.1)
+    assert 1.0 < out["impact.fast.ttft_p50_low"] < 2.0 < out["impact.fast.ttft_p50_high"]
+    # server.preemptions is 0 then 1 in each arm (see _evidence): no difference.
+    assert out["impact.server.preemptions"] == 0.0
+    assert out["impact.fast.itl_p99"] is None  # neither arm measured it
+    assert set(out) == set(impact_names(["fast"]))
+
+
+def test_impact_figures_are_valid_gate_figures_only_with_a_control_arm() -> None:
+    text = """
+name = "t"
+{control}
+gates = ["impact.fast.ttft_p99_low <= 1.5"]
+[target]
+kind = "sim"
+[[groups]]
+name = "fast"
+users = 1
+requests_per_user = 1
+[[groups]]
+name = "slow"
+aggressor = true
+users = 1
+requests_per_user = 1
+"""
+    parse(text.format(control="control = true"), path=Path("t.toml"))
+    with pytest.raises(ScenarioError, match="unknown figure 'impact.fast.ttft_p99_low'"):
+        parse(text.format(control=""), path=Path("t.toml"))
+    alone = text.format(control="control = true").replace("aggressor = true\n", "")
+    with pytest.raises(ScenarioError, match="control = true needs aggressor groups"):
+        parse(alone.replace('gates = ["impact.fast.ttft_p99_low <= 1.5"]', ""), path=Path("t.toml"))
