@@ -43,7 +43,7 @@ demo: setup
 	$(ZW) run scenarios/slow-readers.toml
 
 test: setup
-	$(PY) -m pytest -q -rs
+	$(PY) -m pytest -q -rs --durations=20
 
 unit: setup
 	$(PY) -m pytest -q -m "not vllm"
