@@ -178,6 +178,7 @@ def test_distribution_gate_syntax() -> None:
 
 SCENARIO = """
 name = "t"
+{control}
 gates = [{gate!r}]
 [target]
 kind = "sim"
@@ -185,17 +186,31 @@ kind = "sim"
 name = "fast"
 users = 1
 requests_per_user = 1
+[[groups]]
+name = "slow"
+{aggressor}
+users = 1
+requests_per_user = 1
 """
 
 
+def _parse(gate: str, *, control: bool = False, aggressor: bool = True) -> None:
+    text = SCENARIO.format(
+        gate=gate,
+        control="control = true" if control else "",
+        aggressor="aggressor = true" if aggressor else "",
+    )
+    parse(text, path=Path("t.toml"))
+
+
 def test_a_distribution_gate_names_a_sample() -> None:
-    parse(SCENARIO.format(gate="fast.ttft_ms ~ baseline"), path=Path("t.toml"))
+    _parse("fast.ttft_ms ~ baseline")
     with pytest.raises(ScenarioError) as exc:
-        parse(SCENARIO.format(gate="fast.ttft_p99_ms ~ baseline"), path=Path("t.toml"))
+        _parse("fast.ttft_p99_ms ~ baseline")
     assert "unknown sample 'fast.ttft_p99_ms'" in str(exc.value)
     assert "fast.ttft_ms" in str(exc.value)
     with pytest.raises(ScenarioError) as exc:
-        parse(SCENARIO.format(gate="fast.ttft_ms <= 5"), path=Path("t.toml"))
+        _parse("fast.ttft_ms <= 5")
     assert "unknown figure 'fast.ttft_ms'" in str(exc.value)
 
 
@@ -212,25 +227,8 @@ def test_impact_is_a_ratio_for_victims_and_a_difference_for_the_server() -> None
 
 
 def test_impact_figures_are_valid_gate_figures_only_with_a_control_arm() -> None:
-    text = """
-name = "t"
-{control}
-gates = ["impact.fast.ttft_p99_low <= 1.5"]
-[target]
-kind = "sim"
-[[groups]]
-name = "fast"
-users = 1
-requests_per_user = 1
-[[groups]]
-name = "slow"
-aggressor = true
-users = 1
-requests_per_user = 1
-"""
-    parse(text.format(control="control = true"), path=Path("t.toml"))
+    _parse("impact.fast.ttft_p99_low <= 1.5", control=True)
     with pytest.raises(ScenarioError, match="unknown figure 'impact.fast.ttft_p99_low'"):
-        parse(text.format(control=""), path=Path("t.toml"))
-    alone = text.format(control="control = true").replace("aggressor = true\n", "")
+        _parse("impact.fast.ttft_p99_low <= 1.5")
     with pytest.raises(ScenarioError, match="control = true needs aggressor groups"):
-        parse(alone.replace('gates = ["impact.fast.ttft_p99_low <= 1.5"]', ""), path=Path("t.toml"))
+        _parse("fast.ttft_p99_ms <= 5", control=True, aggressor=False)
