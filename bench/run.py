@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import math
 import os
 import platform
@@ -266,6 +267,57 @@ def _openloop_section() -> list[str]:
     ]
 
 
+GATE_TRIALS = 20
+GATES_COMMAND = [
+    "zerowindow", "bench", "gates", "scenarios/gates/ab-baseline.toml",
+    "scenarios/gates/ab-slower.toml", "--trials", str(GATE_TRIALS), "--json",
+    "--out", "results/gate-trials",
+]  # fmt: skip
+
+
+def gates_lines(data: dict[str, object], *, load: str = "") -> list[str]:
+    """The gate-trials section from ``zerowindow bench gates --json`` output."""
+    lines = [
+        "## Gates: do they flake, do they miss?",
+        "",
+        "Targets: with the emulator's step time raised by 20 % (A/B) a gate fails in at least "
+        "19 of 20 seeded trials; with identical settings (A/A) no gate fails in at least 19 of "
+        "20. Each trial: the baseline scenario (3 repeats) saved as a baseline, then the "
+        "baseline scenario again and the slower candidate (3 repeats each) gated against it "
+        "(docs/gates.md).",
+        "",
+        f"Command: `{data['command']} --json`",
+        "",
+        load,
+        "",
+        "| experiment | trials | a gate failed | target | met | verdicts per gate |",
+        "| --- | ---: | ---: | --- | --- | --- |",
+    ]
+    for name, target in (("A/B", "failed in >= 19 of 20"), ("A/A", "failed in <= 1 of 20")):
+        exp = data[name]
+        assert isinstance(exp, dict)
+        trials, failed = int(exp["trials"]), int(exp["failed"])
+        met = failed >= trials - 1 if name == "A/B" else failed <= 1
+        verdicts = "; ".join(
+            f"`{gate}`: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+            for gate, counts in exp["verdicts"].items()
+        )
+        lines.append(
+            f"| {name} | {trials} | {failed} | {target} | {'yes' if met else 'no'} | {verdicts} |"
+        )
+    errors = data.get("errors") or []
+    assert isinstance(errors, list)
+    lines += ["", *(f"Not judged: {e}" for e in errors), ""] if errors else [""]
+    return lines
+
+
+def _gates_section() -> list[str]:
+    load = _load()
+    zw = str(Path(sys.executable).with_name("zerowindow"))
+    out = subprocess.run([zw, *GATES_COMMAND[1:]], capture_output=True, text=True, check=True)
+    return gates_lines(json.loads(out.stdout), load=load)
+
+
 PROBE_TARGET_SLOWDOWN_PCT = 2.0
 
 
@@ -332,6 +384,7 @@ SECTIONS = {
     "itl": _itl_sections,
     "probe": _probe_section,
     "openloop": _openloop_section,
+    "gates": _gates_section,
 }
 
 
