@@ -92,7 +92,9 @@ def test_a_failing_gate_exits_1_and_junit_names_it_with_its_value(failing_run):
     assert failure is not None
     message = failure.get("message", "")
     assert message.startswith("fast.ttft_p50_ms < 0.001: measured ")
-    assert float(message.split("measured ")[1].split(",")[0]) == pytest.approx(ttft_p50, rel=1e-5)
+    measured = message.split("measured ")[1].split(",")[0]  # "25.1 [6.6, 27.0]": its interval
+    assert float(measured.split(" [")[0]) == pytest.approx(ttft_p50, rel=1e-5)
+    assert " [" in measured
     assert message.endswith("bound < 0.001")
     info = json.loads((run_dir / "run.json").read_text())
     assert info["exit_code"] == 1

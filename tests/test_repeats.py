@@ -5,6 +5,7 @@ and the rerun policy. The 20-trial counts are `zerowindow bench gates` (bench/RE
 from __future__ import annotations
 
 import json
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -64,7 +65,10 @@ def test_a_slower_engine_fails_with_intervals_effect_and_p_value(
     assert failure is not None
     message = failure.get("message", "")
     # The step time is 20 % longer: ITL is ~1.2x the baseline's, far outside the 1.1x bound.
-    assert "effect x1.2" in message and "p = " in message and "[" in message
+    effect = re.search(r"effect x([\d.]+) \[([\d.]+), ([\d.]+)\]", message)
+    assert effect is not None, message
+    assert float(effect[1]) == pytest.approx(1.2, abs=0.05) and float(effect[2]) > 1.1
+    assert "p = " in message
     assert cases["fast.itl_ms ~ baseline within 10%"].find("failure") is not None
     gates = json.loads((run_dir / "gates.json").read_text())["gates"]
     itl = next(g for g in gates if g["gate"].startswith("fast.itl_p50_ms"))
