@@ -148,6 +148,6 @@ def test_an_a_a_run_on_the_tiny_vllm_does_not_fail(vllm_server: str, tmp_path: P
     again = run_cli(
         "run", str(scenario), "--baseline", str(base), "--out", str(tmp_path / "b"), *common
     )
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     gates = json.loads((only_run_dir(tmp_path / "b") / "gates.json").read_text())["gates"]
     assert [g["verdict"] for g in gates if g["verdict"] == "fail"] == [], gates
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]

@@ -232,3 +232,10 @@ def test_impact_figures_are_valid_gate_figures_only_with_a_control_arm() -> None
         _parse("impact.fast.ttft_p99_low <= 1.5")
     with pytest.raises(ScenarioError, match="control = true needs aggressor groups"):
         _parse("fast.ttft_p99_ms <= 5", control=True, aggressor=False)
+
+
+def test_a_median_of_zero_leaves_a_distribution_gate_inconclusive() -> None:
+    # Reads that return several events at once stamp them alike: ITL values of 0 ms.
+    zeros = _evidence(np.zeros(200), np.zeros(200), kind="fast.itl_ms")
+    result = _judge(zeros, zeros, "fast.itl_ms ~ baseline")
+    assert result.verdict == "inconclusive" and "no ratio of medians" in result.reason

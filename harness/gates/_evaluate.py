@@ -264,21 +264,25 @@ def _distribution(
         n=policy.bootstrap_draws,
     )  # fmt: skip
     lo, hi = 1.0 - gate.within, 1.0 + gate.within
-    assert diff.ratio_low is not None and diff.ratio_high is not None
-    if lo <= diff.ratio_low and diff.ratio_high <= hi:
+    low, high = diff.ratio_low, diff.ratio_high
+    if low is None or high is None:  # a median of 0 in the baseline's draws: no ratio
+        verdict = INCONCLUSIVE
+    elif lo <= low and high <= hi:
         verdict = PASS
-    elif (diff.ratio_high < lo or diff.ratio_low > hi) and _below(diff.p_value, policy.alpha):
+    elif (high < lo or low > hi) and _below(diff.p_value, policy.alpha):
         verdict = FAIL
     else:
         verdict = INCONCLUSIVE
     measured = float(np.median(evidence.sample(gate.figure)["value"]))
     base = float(np.median(baseline_evidence.sample(gate.figure)["value"]))
+    effect = _effect_text(diff.ratio, low, high) if low is not None else "; no ratio of medians"
     reason = (
-        f"median {_num(measured)} vs baseline {_num(base)}"
-        f"{_effect_text(diff.ratio, diff.ratio_low, diff.ratio_high)}{_p_text(diff.p_value)}"
+        f"median {_num(measured)} vs baseline {_num(base)}{effect}{_p_text(diff.p_value)}"
         f"; same within {gate.within:.0%} when the effect's interval is inside "
         f"[{lo:.3g}, {hi:.3g}]"
     )
+    if low is None:
+        reason += " (the baseline's median is 0 in some draws)"
     return _with(
         plain, verdict, reason, policy, final, measured=measured, baseline=base,
         effect=diff.ratio, effect_low=diff.ratio_low, effect_high=diff.ratio_high,
