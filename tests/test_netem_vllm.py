@@ -1,8 +1,7 @@
 """Shaped links on the tiny vLLM: scenarios/proxy-comparison-3g.toml, fast readers on their own
-unshaped link and slow readers behind 3G with a 4 KiB receive buffer, through none, nginx and
-egress (nginx is left to test_comparison_netem and test_proxy_vllm), with two Locust workers
-per group. (Its configuration ``none`` is a shaped run on
-vLLM like scenarios/shaped-links.toml.)
+unshaped link and slow readers behind 3G with a 4 KiB receive buffer, through none and egress
+(nginx is left to test_comparison_netem and test_proxy_vllm), with two Locust workers per
+group. (Its configuration ``none`` is a shaped run on vLLM like scenarios/shaped-links.toml.)
 
 vLLM is started by the run inside the server's network namespace (the session's shared vLLM
 server lives in the host namespace, where the groups' namespaces cannot reach it), so this
