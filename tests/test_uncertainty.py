@@ -239,3 +239,8 @@ def test_a_median_of_zero_leaves_a_distribution_gate_inconclusive() -> None:
     zeros = _evidence(np.zeros(200), np.zeros(200), kind="fast.itl_ms")
     result = _judge(zeros, zeros, "fast.itl_ms ~ baseline")
     assert result.verdict == "inconclusive" and "no ratio of medians" in result.reason
+
+
+def test_an_impact_gate_without_a_control_arm_says_what_it_needs() -> None:
+    with pytest.raises(ScenarioError, match="impact figures need control = true"):
+        _parse("impact.fast.ttft_p99 <= 2")

@@ -30,6 +30,7 @@ interval is not, and it is what the gates decide on.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -329,7 +330,9 @@ def p_value(
     va = [v for v in candidate.values(figure) if v is not None]
     vb = [v for v in baseline.values(figure) if v is not None]
     if len(va) > 1 and len(vb) > 1 and (np.std(va) > 0 or np.std(vb) > 0):
-        return float(stats.ttest_ind(va, vb, equal_var=False).pvalue), "welch-t"
+        with warnings.catch_warnings():  # near-identical values: scipy warns of precision loss
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return float(stats.ttest_ind(va, vb, equal_var=False).pvalue), "welch-t"
     return None, None
 
 

@@ -220,6 +220,8 @@ def check_figures(
         names = samples if gate.distribution else valid
         close = difflib.get_close_matches(gate.figure, names, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
+        if gate.figure.startswith("impact.") and not control:
+            hint = " (impact figures need control = true and a group with aggressor = true)"
         what = "sample" if gate.distribution else "figure"
         raise PydanticCustomError(
             "unknown_figure",
