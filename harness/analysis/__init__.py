@@ -38,8 +38,10 @@ from harness.analysis._uncertainty import (
     impact,
     interval,
     median_ratio,
+    p_value,
     point,
     pooled_figures,
+    ratio_draws,
     run_samples,
 )
 from harness.analysis._verdicts import KvHeldVerdict, kv_held_verdict
@@ -65,8 +67,10 @@ __all__ = [
     "impact",
     "interval",
     "median_ratio",
+    "p_value",
     "point",
     "pooled_figures",
+    "ratio_draws",
     "run_samples",
     "inter_chunk",
     "inter_chunk_s",

@@ -32,11 +32,12 @@ import numpy as np
 
 from harness.analysis import (
     Evidence,
-    compare_figure,
     draws,
     estimate,
     interval,
     median_ratio,
+    p_value,
+    ratio_draws,
 )
 from harness.scenario import OPS, Gate, GatingConfig
 
@@ -228,16 +229,24 @@ def _relative(
         verdict = INCONCLUSIVE
     low, high = interval(c, conf)
     b_low, b_high = interval(b, conf)
-    diff = compare_figure(evidence, baseline_evidence, gate.figure, confidence=conf, n=n)
+    # The effect from the same draws the verdict used (no second bootstrap of either side).
+    ratios = ratio_draws(c, b)
+    effect = (
+        plain.measured / plain.baseline if plain.measured is not None and plain.baseline else None
+    )
+    e_low, e_high = (
+        interval(ratios, conf) if ratios is not None and effect is not None else (None, None)
+    )
+    p, test = p_value(evidence, baseline_evidence, gate.figure)
     reason = (
         f"measured {_num(plain.measured)}{_span(low, high)}, bound {gate.op} {_num(plain.bound)}"
         f"{_relative_text(gate, plain.baseline, b_low, b_high)}"
-        f"{_effect_text(diff.ratio, diff.ratio_low, diff.ratio_high)}{_p_text(diff.p_value)}"
+        f"{_effect_text(effect, e_low, e_high)}{_p_text(p)}"
     )
     return _with(
         plain, verdict, reason, policy, final, low=low, high=high, baseline_low=b_low,
-        baseline_high=b_high, effect=diff.ratio, effect_low=diff.ratio_low,
-        effect_high=diff.ratio_high, p_value=diff.p_value, test=diff.test,
+        baseline_high=b_high, effect=effect, effect_low=e_low, effect_high=e_high,
+        p_value=p, test=test,
     )  # fmt: skip
 
 

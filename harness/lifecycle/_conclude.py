@@ -100,7 +100,9 @@ def conclude(
     write_analysis(run_dir, analysis)
     summary = analysis.summary
     gates: list[Gate] = list(facts.scenario.gates)
-    evidence = Evidence([figures(summary)], run_samples(analysis.requests, analysis.chunks))
+    # Per-request samples only when a gate will read them (they cost a pass over the chunks).
+    samples = run_samples(analysis.requests, analysis.chunks) if gates else None
+    evidence = Evidence([figures(summary)], samples) if samples is not None else None
     results = evaluate_gates(
         gates,
         figures(summary),
