@@ -215,3 +215,45 @@ def test_the_line_rounds_the_free_time_up():
     scrapes = {"status": "none", "line": "", "undelivered_peak_bytes": 0,
                "t_generation_end": None, "window_s": 0.0}  # fmt: skip
     assert "within 0.2 ms" in combine_verdicts(engine, scrapes, None)["line"]
+
+
+def test_a_single_context_engine_paused_for_a_stalled_reader_is_held_with_its_victims():
+    """llama-cpp-python's shape: the stalled stream's generation waited for send 1.0-9.0 s
+    while it kept the one context (1 of 1); a victim arrived at 3.0 and got the lock at 9.0."""
+    clients = [
+        _client("stalled", outcome="client_abort", last=0.9, tokens_at=[0.1, 0.2, 0.9]),
+        _client("victim", outcome="complete", last=9.2, tokens_at=[9.1, 9.2]),
+    ]
+    stalled = {
+        **_engine("stalled", end=1.0, freed=9.0, tokens=300, blocks=1),
+        "t_generation_end": 1.0,
+        "finish_reason": "abort",
+        "send_blocked_at": [0.4, 1.0],
+        "send_unblocked_at": [0.42, 9.0],  # a 20 ms hand-over, then the stall
+    }
+    victim = {
+        **_engine("victim", end=9.2, freed=9.2, tokens=2, blocks=1),
+        "t_arrival": 3.0,
+        "t_first_scheduled": 9.0,
+    }
+    joined, _ = join_engine(*_frames(clients, [stalled, victim]))
+    row = joined.set_index("request_id")
+    assert row.loc["stalled", "engine_send_blocked_max_ms"] == pytest.approx(8000.0)
+    assert row.loc["victim", "engine_send_blocked_max_ms"] == 0.0
+    from harness.analysis._engine import engine_verdict_line, send_blocked_spans
+
+    engine = _frames(clients, [stalled, victim])[2]
+    spans = send_blocked_spans(engine, 100)
+    assert spans == [(1.0, 9.0)]  # the 20 ms hand-over is not a pause
+    verdict = kv_held_from_requests(
+        joined, pd.DataFrame(), held_min_ms=100, unjoined=0, kv_cache_blocks=1,
+        blocked_spans=spans,
+    )  # fmt: skip
+    assert verdict["status"] == "held"
+    assert verdict["requests_held_during_generation"] == 1
+    assert verdict["kv_held_s"] == pytest.approx(8.0)
+    assert verdict["kv_held_peak_perc"] == pytest.approx(100.0)
+    assert verdict["victims"] == 1
+    assert verdict["victim_wait_max_ms"] == pytest.approx(6000.0)
+    line = engine_verdict_line(verdict)
+    assert "HELD" in line and "8000 ms in one pause" in line and "queued behind" in line

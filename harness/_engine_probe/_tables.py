@@ -56,6 +56,10 @@ REQUEST_SCHEMA = pa.schema([
     ("kv_blocks_freed", pa.int64()),
     ("preempted_at", pa.list_(pa.float64())),
     ("resumed_at", pa.list_(pa.float64())),
+    # spans in which generation waited for the server's send path (a single-context engine
+    # that hands tokens to a bounded queue; empty for engines that never wait)
+    ("send_blocked_at", pa.list_(pa.float64())),
+    ("send_unblocked_at", pa.list_(pa.float64())),
 ])  # fmt: skip
 
 

@@ -22,6 +22,7 @@ from harness.analysis._engine import (
     join_engine,
     kv_held_from_requests,
     probe_problem,
+    send_blocked_spans,
 )
 from harness.analysis._leaves import leave_figures
 from harness.analysis._matrix import matrix_cells
@@ -204,6 +205,7 @@ def analyze(run_dir: Path, facts: RunFacts | None = None) -> Analysis:
             held_min_ms=scenario.verdict.kv_held_min_ms,
             unjoined=unjoined,
             kv_cache_blocks=(facts.engine_probe or {}).get("kv_cache_blocks"),
+            blocked_spans=send_blocked_spans(engine_requests, scenario.verdict.kv_held_min_ms),
         )
     requests = leave_figures(requests, chunks)
     t_first_send = float(requests["t_send"].min()) if len(requests) else None

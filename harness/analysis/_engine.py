@@ -20,7 +20,7 @@ ENGINE_JOIN_COLUMNS = [
     "engine_request_id", "t_engine_arrival", "t_engine_first_scheduled", "t_engine_first_token",
     "t_generation_end", "t_kv_freed", "engine_finish_reason", "engine_preemptions",
     "engine_kv_blocks_freed", "engine_output_tokens", "delivery_lag_ms",
-    "kv_held_after_generation_ms",
+    "kv_held_after_generation_ms", "engine_send_blocked_max_ms",
     "undelivered_tokens_at_generation_end", "undelivered_tokens_at_kv_free",
     "undelivered_bytes_at_generation_end", "undelivered_bytes_at_kv_free",
 ]  # fmt: skip
@@ -103,8 +103,13 @@ def join_engine(
     eng = eng[eng["request_id"].notna()].drop_duplicates("request_id", keep="last")
     eng = eng.rename(columns=_RENAMED).set_index("request_id")
     eng["engine_preemptions"] = eng["preempted_at"].map(lambda v: 0 if v is None else len(v))
+    if "send_blocked_at" in eng:
+        eng["engine_send_blocked_max_ms"] = [
+            max((b - a for a, b in spans), default=0.0) * 1000.0
+            for spans in map(_spans, eng["send_blocked_at"], eng["send_unblocked_at"])
+        ]
     idx = out["request_id"]
-    for col in ENGINE_JOIN_COLUMNS[:10]:
+    for col in [*ENGINE_JOIN_COLUMNS[:10], "engine_send_blocked_max_ms"]:
         out[col] = idx.map(eng[col]).to_numpy() if col in eng else np.nan
     gen_end, freed = (
         out.set_index("request_id")["t_generation_end"],
@@ -127,6 +132,28 @@ def join_engine(
         out[f"undelivered_tokens_at_{name}"] = undelivered
         out[f"undelivered_bytes_at_{name}"] = undelivered * per_token
     return out, unjoined
+
+
+def _spans(starts: Any, ends: Any) -> list[tuple[float, float]]:
+    """Pairs of two list cells (null: none)."""
+    if starts is None or ends is None:
+        return []
+    return [(float(a), float(b)) for a, b in zip(starts, ends, strict=False)]
+
+
+def send_blocked_spans(engine: pd.DataFrame, min_ms: float) -> list[tuple[float, float]]:
+    """The spans (monotonic s) of at least ``min_ms`` in which an engine request's generation
+    waited for the server's send path while the request kept the engine (the columns
+    ``send_blocked_at`` / ``send_unblocked_at`` of ``engine_requests.parquet``; engines that
+    never wait leave them empty or lack them)."""
+    if "send_blocked_at" not in engine:
+        return []
+    spans = (
+        span
+        for starts, ends in zip(engine["send_blocked_at"], engine["send_unblocked_at"], strict=True)
+        for span in _spans(starts, ends)
+    )
+    return [(a, b) for a, b in spans if (b - a) * 1000.0 >= min_ms]
 
 
 def engine_aborts(joined: pd.DataFrame) -> pd.DataFrame:
@@ -202,6 +229,18 @@ def engine_server_figures(steps: pd.DataFrame) -> dict[str, Any]:
     }
 
 
+def _victims(joined: pd.DataFrame, spans: list[tuple[float, float]]) -> pd.DataFrame:
+    """Requests that waited to be scheduled (engine arrival to first scheduled) during one of
+    ``spans``: queued behind a request that held the engine."""
+    if not spans or "t_engine_first_scheduled" not in joined:
+        return joined.iloc[0:0]
+    arrival, scheduled = joined["t_engine_arrival"], joined["t_engine_first_scheduled"]
+    waited = pd.Series(False, index=joined.index)
+    for a, b in spans:
+        waited |= (arrival < b) & (scheduled > a)
+    return joined[waited & arrival.notna() & scheduled.notna()]
+
+
 def kv_held_from_requests(
     joined: pd.DataFrame,
     steps: pd.DataFrame,
@@ -209,24 +248,32 @@ def kv_held_from_requests(
     held_min_ms: float,
     unjoined: int,
     kv_cache_blocks: int | None = None,
+    blocked_spans: list[tuple[float, float]] | None = None,
 ) -> dict[str, Any]:
-    """The KV-held verdict from per-request evidence (``joined``: :func:`join_engine`'s
-    frame).
+    """The verdict "engine held by undelivered streams" from per-request evidence (``joined``:
+    :func:`join_engine`'s frame). A request held the engine in either of two ways:
 
-    A request held KV hostage when its KV was freed more than ``held_min_ms`` after its
-    generation ended while its client still lacked output at generation end (it never
-    received the whole stream, or received it more than ``held_min_ms`` after generation
-    ended). ``held`` if any
-    did; ``none`` if some request's KV was freed while its client still lacked output (the
-    engine did not wait for delivery); ``not_observed`` if no request had output undelivered
-    when its generation ended. Figures: ``kv_held_s`` (the union of the held requests'
-    generation-end-to-free spans: each moment counted once), ``kv_held_peak_perc`` (the most
-    KV the held requests kept at once, their ``kv_blocks_freed`` over ``kv_cache_blocks``, the
-    engine's pool (``engine_probe.json``): ``kv_held_peak_of = "held_blocks"``; without the
-    pool's size, the peak KV usage of the engine's steps over the union, victims admitted
-    meanwhile included: ``"usage"``), ``kv_seconds`` (the engine's KV usage integrated over the
-    union: an upper bound while victims ran), counts, and the spread of KV-held-after-
-    generation times.
+    - **after generation** (paged KV: vLLM, the emulator): its KV was freed more than
+      ``held_min_ms`` after its generation ended while its client still lacked output at
+      generation end (it never received the whole stream, or received it more than
+      ``held_min_ms`` after generation ended);
+    - **during generation** (a single-context engine: llama-cpp-python): its generation waited
+      more than ``held_min_ms`` in one span for the server's send path while the request kept
+      the engine (``engine_send_blocked_max_ms``; the spans of every engine request are
+      ``blocked_spans``, :func:`send_blocked_spans`).
+
+    ``held`` if any request did; ``none`` if some request's KV was freed while its client
+    still lacked output (the engine did not wait for delivery); ``not_observed`` if no request
+    had output undelivered when its generation ended. Figures: ``kv_held_s`` (the union of the
+    held spans, generation-end-to-free and send-blocked: each moment counted once),
+    ``kv_held_peak_perc`` (the most KV the held requests kept at once, their
+    ``kv_blocks_freed`` over ``kv_cache_blocks``, the engine's pool (``engine_probe.json``):
+    ``kv_held_peak_of = "held_blocks"``; without the pool's size, the peak KV usage of the
+    engine's steps over the union, victims admitted meanwhile included: ``"usage"``),
+    ``kv_seconds`` (the engine's KV usage integrated over the union: an upper bound while
+    victims ran), ``victims`` and ``victim_wait_max_ms`` (requests that waited to be scheduled
+    during a held span, and the longest such wait from arrival to first scheduled), counts,
+    and the spread of KV-held-after-generation times.
     """
     done = joined[joined["t_kv_freed"].notna() & joined["t_generation_end"].notna()]
     held_ms = done["kv_held_after_generation_ms"]
@@ -235,39 +282,56 @@ def kv_held_from_requests(
     # flight).
     slow = ~(done["delivery_lag_ms"] <= held_min_ms)
     lacking_at_end = slow & (done["undelivered_tokens_at_generation_end"] > 0)
-    held = done[(held_ms > held_min_ms) & lacking_at_end]
+    after = (held_ms > held_min_ms) & lacking_at_end
+    during = done["engine_send_blocked_max_ms"] > held_min_ms
+    held = done[after | during]
     lacking_at_free = done[slow & (done["undelivered_tokens_at_kv_free"] > 0)]
-    # The time in which at least one request held KV, each moment counted once.
+    # The time in which at least one request held the engine, each moment counted once.
     spans = _union(
         [
             (float(a), float(b))
-            for a, b in zip(held["t_generation_end"], held["t_kv_freed"], strict=True)
+            for a, b in zip(
+                done.loc[after, "t_generation_end"], done.loc[after, "t_kv_freed"], strict=True
+            )
         ]
+        + list(blocked_spans or [])
     )
     usage = [_usage_over(steps, a, b) for a, b in spans]
     if kv_cache_blocks and len(held) and held["engine_kv_blocks_freed"].notna().all():
-        peak = _held_blocks_peak(held) / kv_cache_blocks  # the held requests' own blocks
+        peak = _held_blocks_peak(done[after]) / kv_cache_blocks  # the held requests' own blocks
+        if during.any():
+            peak = max(
+                peak, float(done.loc[during, "engine_kv_blocks_freed"].max()) / kv_cache_blocks
+            )
         peak_of = "held_blocks"
     else:  # everything in use during the spans, victims admitted meanwhile included
         peak = max((p for p, _ in usage), default=0.0)
         peak_of = "usage"
+    victims = _victims(joined, spans)
+    victim_wait_ms = (victims["t_engine_first_scheduled"] - victims["t_engine_arrival"]) * 1000.0
     status = "held" if len(held) else ("none" if len(lacking_at_free) else "not_observed")
+    blocked_ms = done.loc[during, "engine_send_blocked_max_ms"]
     return {
         "status": status,
         "source": "engine_probe",
         "requests": len(done),
         "requests_held": len(held),
+        "requests_held_after_generation": int(after.sum()),
+        "requests_held_during_generation": int(during.sum()),
         "requests_undelivered_at_kv_free": len(lacking_at_free),
         "undelivered_bytes_at_kv_free": float(
             lacking_at_free["undelivered_bytes_at_kv_free"].sum()
         ),
         "kv_held_after_generation_max_ms": float(held_ms.max()) if len(held_ms) else None,
         "kv_held_after_generation_p50_ms": float(held_ms.median()) if len(held_ms) else None,
+        "send_blocked_max_ms": float(blocked_ms.max()) if len(blocked_ms) else None,
         "held_min_ms": held_min_ms,
         "kv_held_s": float(sum(b - a for a, b in spans)),
         "kv_held_peak_perc": peak * 100.0,
         "kv_held_peak_of": peak_of,
         "kv_seconds": float(sum(s for _, s in usage)),
+        "victims": len(victims),
+        "victim_wait_max_ms": float(victim_wait_ms.max()) if len(victims) else None,
         "engine_requests_unjoined": unjoined,
     }
 
@@ -283,11 +347,26 @@ def engine_verdict_line(v: dict[str, Any]) -> str:
     n, held = v["requests"], v["requests_held"]
     lacking, nbytes = v["requests_undelivered_at_kv_free"], v["undelivered_bytes_at_kv_free"]
     if v["status"] == "held":
+        during = v.get("requests_held_during_generation") or 0
+        if during:  # a single-context engine: generation paused, the engine kept
+            how = (
+                f"kept the engine while their generation waited for delivery (up to "
+                f"{v['send_blocked_max_ms']:.0f} ms in one pause"
+            )
+        else:
+            how = (
+                f"kept their KV after their last generated token while their output sat "
+                f"undelivered (up to {v['kv_held_after_generation_max_ms']:.0f} ms"
+            )
+        queued = ""
+        if v.get("victims"):
+            queued = (
+                f"; {v['victims']} request(s) queued behind them, up to "
+                f"{v['victim_wait_max_ms']:.0f} ms"
+            )
         return (
-            f"{head}: HELD: {held} of {n} requests kept their KV after their last generated "
-            f"token while their output sat undelivered (up to "
-            f"{v['kv_held_after_generation_max_ms']:.0f} ms; {v['kv_held_s']:.1f} s in all, "
-            f"peak KV {v['kv_held_peak_perc']:.1f} %)"
+            f"{head}: HELD: {held} of {n} requests {how}; {v['kv_held_s']:.1f} s in all, "
+            f"peak KV {v['kv_held_peak_perc']:.1f} %){queued}"
         )
     within = v["kv_held_after_generation_max_ms"]
     within = within or 0.0  # "within": rounded up, never below what was measured

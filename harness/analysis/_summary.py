@@ -151,7 +151,25 @@ def summarize_server(
         missing_metrics=missing,
         generation_tokens=generation_tokens(metrics),
         undelivered_tokens=None if requests is None else undelivered_tokens(metrics, requests),
+        slots_busy_peak=_maybe(col("slots_busy").max()),
+        **process_summary(metrics),
     )
+
+
+def process_summary(metrics: pd.DataFrame) -> dict[str, float | None]:
+    """The engine process's threads (first sample, peak) and RSS (peak, growth over the first
+    sample; MB) from the scrapes' ``server_threads`` / ``server_rss_bytes`` (every sample,
+    answered or not: a server too busy to answer is the interesting case)."""
+    out: dict[str, float | None] = {}
+    threads = metrics["server_threads"].dropna() if "server_threads" in metrics else None
+    if threads is not None and len(threads):
+        out["server_threads_start"] = float(threads.iloc[0])
+        out["server_threads_peak"] = float(threads.max())
+    rss = metrics["server_rss_bytes"].dropna() if "server_rss_bytes" in metrics else None
+    if rss is not None and len(rss):
+        out["server_rss_peak_mb"] = float(rss.max()) / 1e6
+        out["server_rss_growth_mb"] = float(rss.max() - rss.iloc[0]) / 1e6
+    return out
 
 
 def group_names(requests: pd.DataFrame, configured: list[str]) -> list[str]:

@@ -12,19 +12,35 @@ import time
 from typing import Any
 
 import httpx
+import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from netem import TcpDiag
 
-# Gauge and counter samples read from vLLM's /metrics (vllm/v1/metrics/loggers.py). The first
-# name found wins; vLLM before 0.10 called KV usage `vllm:gpu_cache_usage_perc`.
+# Gauge and counter samples read from the engine's /metrics: vLLM's (vllm/v1/metrics/loggers.py),
+# llama-server's (`--metrics`, tools/server/server-context.cpp of llama.cpp: it has no KV figure,
+# see `slots` below) and those the llama-cpp-python probe serves
+# (harness/_engine_probe/_llamacpp_python.py). The first name found wins; vLLM before 0.10 called
+# KV usage `vllm:gpu_cache_usage_perc`.
 SCALAR_METRICS: dict[str, tuple[str, ...]] = {
-    "kv_cache_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
-    "num_requests_running": ("vllm:num_requests_running",),
-    "num_requests_waiting": ("vllm:num_requests_waiting",),
+    "kv_cache_usage": (
+        "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc",
+        "llamacpp_python:context_usage_perc",
+    ),
+    "num_requests_running": (
+        "vllm:num_requests_running", "llamacpp:requests_processing",
+        "llamacpp_python:requests_running",
+    ),
+    "num_requests_waiting": (
+        "vllm:num_requests_waiting", "llamacpp:requests_deferred",
+        "llamacpp_python:requests_waiting",
+    ),
     "num_preemptions_total": ("vllm:num_preemptions_total",),
-    "generation_tokens_total": ("vllm:generation_tokens_total",),
-}
+    "generation_tokens_total": (
+        "vllm:generation_tokens_total", "llamacpp:tokens_predicted_total",
+        "llamacpp_python:generation_tokens_total",
+    ),
+}  # fmt: skip
 # Histograms whose _sum and _count are kept per scrape.
 HISTOGRAM_METRICS: dict[str, str] = {
     "ttft_seconds": "vllm:time_to_first_token_seconds",
@@ -90,17 +106,53 @@ class Sampler(threading.Thread):
             self.join(timeout=10)
 
 
+def slot_figures(slots: Any) -> dict[str, float]:
+    """``slots_busy`` and ``slots_total`` from llama-server's ``GET /slots`` (a JSON list with
+    one object per slot, ``is_processing`` true while the slot holds a task: tools/server of
+    llama.cpp), and ``kv_cache_usage`` as their ratio (each slot owns its share of the context's
+    KV cells). Raises ``ValueError`` for another shape."""
+    if not isinstance(slots, list) or not all(isinstance(s, dict) for s in slots):
+        raise ValueError("/slots did not answer a list of slot objects")
+    busy = sum(1 for s in slots if s.get("is_processing"))
+    total = len(slots)
+    return {
+        "slots_busy": busy,
+        "slots_total": total,
+        "kv_cache_usage": busy / total if total else 0.0,
+    }
+
+
+def process_figures(pid: int) -> dict[str, float]:
+    """``server_threads`` and ``server_rss_bytes`` of process ``pid`` (psutil). Raises
+    ``psutil.Error`` when the process is gone."""
+    proc = psutil.Process(pid)
+    with proc.oneshot():
+        return {"server_threads": proc.num_threads(), "server_rss_bytes": proc.memory_info().rss}
+
+
 class MetricsScraper(Sampler):
-    """Scrapes ``{base_url}/metrics`` every ``interval_s`` seconds.
+    """Scrapes ``{base_url}/metrics`` every ``interval_s`` seconds; with ``slots``, also
+    ``{base_url}/slots`` (llama-server: :func:`slot_figures`, whose KV usage fills in for a
+    /metrics without one); with ``pid``, that process's threads and RSS
+    (:func:`process_figures`).
 
     ``rows`` holds one dict per scrape: ``t`` (monotonic s), ``scrape_ok`` and the figures of
-    :func:`parse_vllm_metrics`. ``consecutive_failures`` counts scrapes in a row that got no
-    answer; ``last_error`` says what the last failed one got.
+    :func:`parse_vllm_metrics` (and of the other two). ``consecutive_failures`` counts scrapes
+    in a row that got no answer; ``last_error`` says what the last failed one got.
     """
 
-    def __init__(self, base_url: str, *, interval_s: float = 0.25) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        interval_s: float = 0.25,
+        slots: bool = False,
+        pid: int | None = None,
+    ) -> None:
         super().__init__(interval_s, "zw-metrics")
         self.base_url = base_url
+        self.slots = slots
+        self.pid = pid
         self.rows: list[dict[str, Any]] = []
         self.consecutive_failures = 0
         self.last_error: str | None = None
@@ -108,17 +160,27 @@ class MetricsScraper(Sampler):
 
     def sample(self) -> None:
         t = time.monotonic()
+        extra: dict[str, float] = {}
+        if self.pid is not None:
+            try:
+                extra = process_figures(self.pid)
+            except psutil.Error:
+                self.pid = None  # gone: the target's failure check says so
         try:
             response = self._client.get(f"{self.base_url}/metrics")
             response.raise_for_status()
             figures = parse_vllm_metrics(response.text)
+            if self.slots:
+                answer = self._client.get(f"{self.base_url}/slots")
+                answer.raise_for_status()
+                figures = {**slot_figures(answer.json()), **figures}
         except (httpx.HTTPError, ValueError) as exc:
             self.consecutive_failures += 1
             self.last_error = f"{type(exc).__name__}: {exc}"
-            self.rows.append({"t": t, "scrape_ok": False})
+            self.rows.append({"t": t, "scrape_ok": False, **extra})
             return
         self.consecutive_failures = 0
-        self.rows.append({"t": t, "scrape_ok": True, **figures})
+        self.rows.append({"t": t, "scrape_ok": True, **figures, **extra})
 
     def missing(self) -> list[str]:
         """The figures the server never reported in any scrape."""

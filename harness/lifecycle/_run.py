@@ -147,7 +147,12 @@ class RunLifecycle:
         port = self.client_port = url.port or (443 if url.scheme == "https" else 80)
         target_port = urlsplit(self.target.base_url).port or port
         c = self.scenario.collectors
-        self.scraper = MetricsScraper(self.target.base_url, interval_s=c.metrics_interval_s)
+        self.scraper = MetricsScraper(
+            self.target.base_url,
+            interval_s=c.metrics_interval_s,
+            slots=self.target.serves_slots,
+            pid=self.target.server_pid(),
+        )
         self.sockets = SocketSampler(
             {port, target_port}, interval_s=c.sockets_interval_s, netns=netns
         )

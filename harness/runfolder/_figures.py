@@ -11,7 +11,9 @@ Names (units in the name, as in ``summary.json``):
   (``proxy.rss_peak_bytes`` ...) when the run had a proxy summary;
 - run-level figures: ``duration_s``, ``client_saturated`` (1 or 0), and the KV-held verdict's
   ``kv_held_after_finish_s``, ``kv_held_peak_perc``, ``kv_seconds``,
-  ``undelivered_peak_bytes`` (``None`` when no ``/metrics`` scrape succeeded).
+  ``undelivered_peak_bytes``, ``engine_held`` (1 when the verdict says HELD, else 0),
+  ``engine_held_victims`` and ``victim_wait_max_ms`` (requests queued behind a held engine,
+  and their longest wait to be scheduled) (``None`` when no ``/metrics`` scrape succeeded).
 
 A figure that was not measured (for example ITL of a group that got no tokens) is ``None``.
 New numeric fields of the summary models become figures without changes here.
@@ -41,8 +43,10 @@ _KV_VERDICT = {
     "kv_held_peak_perc": "kv_held_peak_perc",
     "kv_seconds": "kv_seconds",
     "undelivered_peak_bytes": "undelivered_peak_bytes",
+    "engine_held_victims": "victims",
+    "victim_wait_max_ms": "victim_wait_max_ms",
 }
-RUN_FIGURES = ("duration_s", "client_saturated", *_KV_VERDICT)
+RUN_FIGURES = ("duration_s", "client_saturated", "engine_held", *_KV_VERDICT)
 
 # Per-request samples of a group, by kind: ms each (ITL per token, inter-chunk per gap).
 SAMPLE_KINDS = (
@@ -138,6 +142,7 @@ def figures(summary: RunSummary) -> dict[str, float | None]:
     )
     for name, key in _KV_VERDICT.items():
         out[name] = _float(kv.get(key)) if measured else None
+    out["engine_held"] = (1.0 if kv.get("status") == "held" else 0.0) if measured else None
     for f in numeric_fields(ServerSummary):
         out[f"server.{f}"] = _float(getattr(summary.server, f))
     for f in numeric_fields(ProxySummary):

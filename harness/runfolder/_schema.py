@@ -195,6 +195,14 @@ class ServerSummary(BaseModel):
     figures_source: str = "scrapes"
     scraped_kv_cache_usage_peak_perc: float | None = None
     engine_steps: int | None = None
+    # The engine's main process, sampled with the scrapes when the run started it: its thread
+    # count (first sample and peak) and resident memory (peak, and growth over the first
+    # sample, MB = 1e6 bytes); llama-server's slots busy at once.
+    server_threads_start: float | None = None
+    server_threads_peak: float | None = None
+    server_rss_peak_mb: float | None = None
+    server_rss_growth_mb: float | None = None
+    slots_busy_peak: float | None = None
 
 
 class MatrixCell(BaseModel):

@@ -1,13 +1,24 @@
 """Servers: the target under test and the proxy in front of it, one module per ``kind``.
 
-Targets: ``vllm`` (a real vLLM server), ``sim`` (the built-in engine emulator), ``url`` (a
-server already running). Proxies: ``none``, ``nginx``, ``haproxy``, ``envoy``, ``egress`` (the
-toolkit's decoupled egress buffer). Each kind's module holds its options (a config model
-registered with :data:`TARGETS` or :data:`PROXIES`), its server class and nothing else;
-``docs/extending.md`` says how to add one.
+Targets: ``vllm`` (a real vLLM server), ``llama-cpp-python`` (its OpenAI server, with the
+probe wrapper), ``llama-server`` (llama.cpp's C++ server), ``sim`` (the built-in engine
+emulator), ``url`` (a server already running). Proxies: ``none``, ``nginx``, ``haproxy``,
+``envoy``, ``egress`` (the toolkit's decoupled egress buffer). Each kind's module holds its
+options (a config model registered with :data:`TARGETS` or :data:`PROXIES`), its server class
+and nothing else; ``docs/extending.md`` says how to add one.
 """
 
-from harness.servers import _egress, _envoy, _haproxy, _nginx, _none, _sim, _url, _vllm  # noqa: F401
+from harness.servers import (  # noqa: F401
+    _egress,
+    _envoy,
+    _haproxy,
+    _llamacpp_python,
+    _nginx,
+    _none,
+    _sim,
+    _url,
+    _vllm,
+)
 from harness.servers._base import (
     PROXIES,
     TARGETS,
@@ -26,6 +37,7 @@ from harness.servers._egress import EgressProxyConfig
 from harness.servers._envoy import EnvoyProxyConfig
 from harness.servers._haproxy import HaproxyProxyConfig
 from harness.servers._health import free_port, wait_healthy
+from harness.servers._llamacpp_python import LlamaCppPythonTargetConfig
 from harness.servers._nginx import NGINX_PRESETS, NginxProxyConfig, render_nginx_conf
 from harness.servers._none import NoProxyConfig
 from harness.servers._process import ServerProcess
@@ -42,6 +54,7 @@ __all__ = [
     "EgressProxyConfig",
     "EnvoyProxyConfig",
     "HaproxyProxyConfig",
+    "LlamaCppPythonTargetConfig",
     "NginxProxyConfig",
     "NoProxyConfig",
     "Proxy",

@@ -63,6 +63,14 @@ class Target(Server):
     ``None`` when it writes none."""
     probe_note: str | None = None
     """Why the engine writes no tables, when it writes none."""
+    serves_slots: ClassVar[bool] = False
+    """Whether the engine answers ``GET /slots`` (llama-server), which the run then samples."""
+
+    def server_pid(self) -> int | None:
+        """The pid of the engine's main process, once started (``None``: the run does not
+        start it); the run samples its threads and RSS."""
+        procs = [p.proc for p in self.processes() if p.proc is not None]
+        return int(procs[0].pid) if procs else None
 
     def start(self, run_dir: Path) -> None:
         """Start (or reach) the server; return when it is ready. Raises
