@@ -5,9 +5,11 @@ measurement, as the timelines).
 Engine row, from ``engine_requests.parquet`` joined by ``requests.parquet``'s
 ``engine_request_id``: queued (arrival to first scheduled), prefill (to first token), decode
 (to generation end), each minus the preempted spans (a preemption to its resume, or to
-generation end or KV freed when it never resumed), KV held after generation (generation end to
-KV freed, when positive) and a "KV freed" mark. Client row, from ``requests.parquet`` and the
-raw records: waiting for the first byte (send to first byte), receiving (first byte to last
+generation end or KV freed when it never resumed), the spans in which generation waited for the
+server's send path with the engine kept (``send_blocked_at`` to ``send_unblocked_at``, within
+decode: a single-context engine such as llama-cpp-python), KV held after generation
+(generation end to KV freed, when positive) and a "KV freed" mark. Client row, from
+``requests.parquet`` and the raw records: waiting for the first byte (send to first byte), receiving (first byte to last
 byte, minus stalls), stalled (the records' ``stalls``; ``t_stall`` plus ``stall_s`` without
 records) and a mark where the client saw a cut (``t_cut_seen``, ``cut_kind``).
 """
@@ -32,6 +34,7 @@ ENGINE_KINDS = {  # kind -> (legend label, colour)
     "decode": ("decode", "#0072b2"),
     "preempted": ("preempted", "#cc79a7"),
     "kv_held": ("KV held after generation", "#a50f15"),
+    "send_blocked": ("engine kept, generation waiting for delivery", "#fb6a4a"),
 }
 CLIENT_KINDS = {
     "waiting": ("waiting for first byte", "#d9d9d9"),
@@ -157,6 +160,11 @@ def engine_spans(engine: pd.Series) -> list[tuple[str, float, float]]:
     )  # fmt: skip
     end = _first(gen_end, freed)
     holes = preempted(engine)
+    blocked = []
+    if first is not None and end is not None:  # within decode; after it, kv_held shows it
+        starts = _times(engine.get("send_blocked_at"))
+        pairs = zip(starts, _times(engine.get("send_unblocked_at")), strict=False)
+        blocked = [(max(a, first), min(b, end)) for a, b in pairs if min(b, end) > max(a, first)]
     phases = [
         ("queued", arrival, _first(sched, first, end)),
         ("prefill", sched, _first(first, end)),
@@ -165,8 +173,10 @@ def engine_spans(engine: pd.Series) -> list[tuple[str, float, float]]:
     out = []
     for kind, a, b in phases:
         if a is not None and b is not None and b > a:
-            out += [(kind, p0, p1) for p0, p1 in subtract(a, b, holes) if p1 > p0]
+            cut = holes + blocked if kind == "decode" else holes
+            out += [(kind, p0, p1) for p0, p1 in subtract(a, b, cut) if p1 > p0]
     out += [("preempted", p0, p1) for p0, p1 in holes]
+    out += [("send_blocked", p0, p1) for p0, p1 in blocked]
     if gen_end is not None and freed is not None and freed > gen_end:
         out.append(("kv_held", gen_end, freed))
     return out
