@@ -9,9 +9,10 @@ generation end or KV freed when it never resumed), the spans in which generation
 server's send path with the engine kept (``send_blocked_at`` to ``send_unblocked_at``, within
 decode: a single-context engine such as llama-cpp-python), KV held after generation
 (generation end to KV freed, when positive) and a "KV freed" mark. Client row, from
-``requests.parquet`` and the raw records: waiting for the first byte (send to first byte), receiving (first byte to last
-byte, minus stalls), stalled (the records' ``stalls``; ``t_stall`` plus ``stall_s`` without
-records) and a mark where the client saw a cut (``t_cut_seen``, ``cut_kind``).
+``requests.parquet`` and the raw records: waiting for the first byte (send to first byte),
+receiving (first byte to last byte, minus stalls), stalled (the records' ``stalls``;
+``t_stall`` plus ``stall_s`` without records) and a mark where the client saw a cut
+(``t_cut_seen``, ``cut_kind``).
 """
 
 from __future__ import annotations
