@@ -244,7 +244,7 @@ def test_a_single_context_engine_paused_for_a_stalled_reader_is_held_with_its_vi
 
     engine = _frames(clients, [stalled, victim])[2]
     spans = send_blocked_spans(engine, 100)
-    assert spans == [(1.0, 9.0)]  # the 20 ms hand-over is not a pause
+    assert spans == {"cmpl-stalled-0-deadbeef": [(1.0, 9.0)]}  # a 20 ms hand-over is no pause
     verdict = kv_held_from_requests(
         joined, pd.DataFrame(), held_min_ms=100, unjoined=0, kv_cache_blocks=1,
         blocked_spans=spans,
@@ -257,3 +257,23 @@ def test_a_single_context_engine_paused_for_a_stalled_reader_is_held_with_its_vi
     assert verdict["victim_wait_max_ms"] == pytest.approx(6000.0)
     line = engine_verdict_line(verdict)
     assert "HELD" in line and "8000 ms in one pause" in line and "queued behind" in line
+
+
+def test_a_fast_reader_paced_by_a_slow_send_path_is_not_held():
+    """Its generation waited for send (the HTTP side slower than the engine), but its client
+    received every token as it came: the engine was not held by undelivered output."""
+    clients = [_client("fast", outcome="complete", last=2.001, tokens_at=[0.5, 1.0, 2.001])]
+    row = {
+        **_engine("fast", end=2.0, freed=2.0, tokens=3, blocks=1),
+        "send_blocked_at": [0.2],
+        "send_unblocked_at": [1.9],
+    }
+    joined, _ = join_engine(*_frames(clients, [row]))
+    from harness.analysis._engine import send_blocked_spans
+
+    spans = send_blocked_spans(_frames(clients, [row])[2], 100)
+    verdict = kv_held_from_requests(
+        joined, pd.DataFrame(), held_min_ms=100, unjoined=0, kv_cache_blocks=1,
+        blocked_spans=spans,
+    )  # fmt: skip
+    assert verdict["status"] == "not_observed" and verdict["requests_held"] == 0

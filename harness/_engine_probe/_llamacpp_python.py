@@ -19,8 +19,9 @@ by ``ZEROWINDOW_ENGINE_DIR`` (the run folder; unset, it records nothing):
   a waiting request);
 - ``get_llama_proxy`` (the model lock): when the request took it and gave it back;
 - the send channel and the token iterator: each token generated, and each span of at least
-  :data:`MIN_SEND_BLOCK_S` in which generation waited for ``send`` (the columns
-  ``send_blocked_at`` / ``send_unblocked_at``).
+  :data:`MIN_SEND_BLOCK_S` in which generation waited for ``send`` with the queue full (waits
+  less than :data:`MERGE_GAP_S` apart are one span: a stream that drips through a nearly full
+  send path; the columns ``send_blocked_at`` / ``send_unblocked_at``).
 
 Per request it writes one row of ``engine_requests.parquet``: ``t_first_scheduled`` is the lock
 taken, ``t_kv_freed`` the lock given back (the context free for the next request),
@@ -55,8 +56,10 @@ from harness._engine_probe._tables import ENGINE_DIR_ENV, EngineTables, write_st
 
 ENGINE = "llama-cpp-python"
 MIN_SEND_BLOCK_S = 0.05
-"""A wait in ``send`` shorter than this (s) is the ordinary hand-over between the generating
-thread and the event loop, not a pause of generation."""
+"""A span of waiting for ``send`` shorter than this (s) is the ordinary hand-over between the
+generating thread and the event loop, not a pause of generation: it is not recorded."""
+MERGE_GAP_S = 0.02
+"""Waits for ``send`` less than this (s) apart form one span: generation paced by delivery."""
 
 _HOOKED = ("get_event_publisher", "get_llama_proxy", "create_app")
 _missing = [name for name in _HOOKED if not callable(getattr(server_app, name, None))]
@@ -84,8 +87,23 @@ class _Life:
     blocked_at: list[float] = field(default_factory=list)
     unblocked_at: list[float] = field(default_factory=list)
 
+    def blocked(self, t0: float, t1: float) -> None:
+        """Generation waited for ``send`` from ``t0`` to ``t1``: a new span, or the last one
+        extended when it ended less than :data:`MERGE_GAP_S` before (a stream that drips
+        through a nearly full send path waits again after every token)."""
+        if self.unblocked_at and t0 - self.unblocked_at[-1] < MERGE_GAP_S:
+            self.unblocked_at[-1] = t1
+        else:
+            self.blocked_at.append(t0)
+            self.unblocked_at.append(t1)
+
     def row(self) -> dict[str, Any]:
         held = self.t_lock is not None
+        spans = [
+            (a, b)
+            for a, b in zip(self.blocked_at, self.unblocked_at, strict=True)
+            if b - a >= MIN_SEND_BLOCK_S
+        ]
         return {
             "engine_request_id": self.stream_id or f"cmpl-{self.header_id or id(self)}",
             "t_arrival": self.t_arrival,
@@ -100,8 +118,8 @@ class _Life:
             "kv_blocks_freed": 1 if held else 0,
             "preempted_at": [],
             "resumed_at": [],
-            "send_blocked_at": self.blocked_at,
-            "send_unblocked_at": self.unblocked_at,
+            "send_blocked_at": [a for a, _ in spans],
+            "send_unblocked_at": [b for _, b in spans],
         }
 
 
@@ -223,11 +241,8 @@ class _TimedSend:
         try:
             await self._channel.send(item)
         finally:
-            t1 = time.monotonic()
             PROBE.step(blocked_delta=-1)
-            if t1 - t0 >= MIN_SEND_BLOCK_S:
-                self._life.blocked_at.append(t0)
-                self._life.unblocked_at.append(t1)
+            self._life.blocked(t0, time.monotonic())
 
     async def __aenter__(self) -> _TimedSend:
         await self._channel.__aenter__()
@@ -246,12 +261,15 @@ def _timed_call(llama_call: Callable[..., Any], life: _Life) -> Callable[..., An
             if life.t_first_token is None:
                 life.t_first_token = now
                 life.stream_id = chunk.get("id")
-            life.t_last_token = now
-            life.tokens += 1
-            reason = (chunk.get("choices") or [{}])[0].get("finish_reason")
+            choice = (chunk.get("choices") or [{}])[0]
+            reason = choice.get("finish_reason")
             if reason:
                 life.finish_reason = str(reason)
-            PROBE.step(tokens=1)
+            text = choice.get("text") or (choice.get("delta") or {}).get("content")
+            if text or not reason:  # the closing chunk carries no token
+                life.t_last_token = now
+                life.tokens += 1
+                PROBE.step(tokens=1)
             yield chunk
 
     return call

@@ -141,19 +141,23 @@ def _spans(starts: Any, ends: Any) -> list[tuple[float, float]]:
     return [(float(a), float(b)) for a, b in zip(starts, ends, strict=False)]
 
 
-def send_blocked_spans(engine: pd.DataFrame, min_ms: float) -> list[tuple[float, float]]:
-    """The spans (monotonic s) of at least ``min_ms`` in which an engine request's generation
-    waited for the server's send path while the request kept the engine (the columns
+def send_blocked_spans(engine: pd.DataFrame, min_ms: float) -> dict[str, list[tuple[float, float]]]:
+    """Per engine request id, the spans (monotonic s) of at least ``min_ms`` in which its
+    generation waited for the server's send path while it kept the engine (the columns
     ``send_blocked_at`` / ``send_unblocked_at`` of ``engine_requests.parquet``; engines that
     never wait leave them empty or lack them)."""
     if "send_blocked_at" not in engine:
-        return []
-    spans = (
-        span
-        for starts, ends in zip(engine["send_blocked_at"], engine["send_unblocked_at"], strict=True)
-        for span in _spans(starts, ends)
-    )
-    return [(a, b) for a, b in spans if (b - a) * 1000.0 >= min_ms]
+        return {}
+    out: dict[str, list[tuple[float, float]]] = {}
+    rows = zip(
+        engine["engine_request_id"], engine["send_blocked_at"], engine["send_unblocked_at"],
+        strict=True,
+    )  # fmt: skip
+    for eid, starts, ends in rows:
+        spans = [(a, b) for a, b in _spans(starts, ends) if (b - a) * 1000.0 >= min_ms]
+        if spans:
+            out[str(eid)] = spans
+    return out
 
 
 def engine_aborts(joined: pd.DataFrame) -> pd.DataFrame:
@@ -248,7 +252,7 @@ def kv_held_from_requests(
     held_min_ms: float,
     unjoined: int,
     kv_cache_blocks: int | None = None,
-    blocked_spans: list[tuple[float, float]] | None = None,
+    blocked_spans: dict[str, list[tuple[float, float]]] | None = None,
 ) -> dict[str, Any]:
     """The verdict "engine held by undelivered streams" from per-request evidence (``joined``:
     :func:`join_engine`'s frame). A request held the engine in either of two ways:
@@ -259,8 +263,10 @@ def kv_held_from_requests(
       ``held_min_ms`` after generation ended);
     - **during generation** (a single-context engine: llama-cpp-python): its generation waited
       more than ``held_min_ms`` in one span for the server's send path while the request kept
-      the engine (``engine_send_blocked_max_ms``; the spans of every engine request are
-      ``blocked_spans``, :func:`send_blocked_spans`).
+      the engine (``engine_send_blocked_max_ms``; the spans by engine request id are
+      ``blocked_spans``, :func:`send_blocked_spans`), and its client lacked output at
+      generation end as above (a fast reader behind a slow send path paces generation too,
+      but its output is delivered).
 
     ``held`` if any request did; ``none`` if some request's KV was freed while its client
     still lacked output (the engine did not wait for delivery); ``not_observed`` if no request
@@ -283,7 +289,7 @@ def kv_held_from_requests(
     slow = ~(done["delivery_lag_ms"] <= held_min_ms)
     lacking_at_end = slow & (done["undelivered_tokens_at_generation_end"] > 0)
     after = (held_ms > held_min_ms) & lacking_at_end
-    during = done["engine_send_blocked_max_ms"] > held_min_ms
+    during = (done["engine_send_blocked_max_ms"] > held_min_ms) & lacking_at_end
     held = done[after | during]
     lacking_at_free = done[slow & (done["undelivered_tokens_at_kv_free"] > 0)]
     # The time in which at least one request held the engine, each moment counted once.
@@ -294,7 +300,11 @@ def kv_held_from_requests(
                 done.loc[after, "t_generation_end"], done.loc[after, "t_kv_freed"], strict=True
             )
         ]
-        + list(blocked_spans or [])
+        + [
+            span
+            for eid in done.loc[during, "engine_request_id"]
+            for span in (blocked_spans or {}).get(str(eid), [])
+        ]
     )
     usage = [_usage_over(steps, a, b) for a, b in spans]
     if kv_cache_blocks and len(held) and held["engine_kv_blocks_freed"].notna().all():
