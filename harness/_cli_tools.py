@@ -3,7 +3,6 @@ the toolkit ships, and network namespaces and shaped links (``netem``)."""
 
 from __future__ import annotations
 
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -14,6 +13,11 @@ from harness.lifecycle import DistributedError, run_worker
 
 model_app = typer.Typer(help="Models for tests and demos.", no_args_is_help=True)
 serve_app = typer.Typer(help="Servers the toolkit ships.", no_args_is_help=True)
+engine_app = typer.Typer(help="Engines the toolkit builds from source.", no_args_is_help=True)
+engine_build_app = typer.Typer(
+    help="Build an engine from source into the cache (once).", no_args_is_help=True
+)
+engine_app.add_typer(engine_build_app, name="build")
 netem_app = typer.Typer(
     help="Network namespaces and shaped links (needs CAP_NET_ADMIN).", no_args_is_help=True
 )
@@ -35,38 +39,17 @@ def worker(
     raise typer.Exit(code)
 
 
-class ModelFormat(StrEnum):
-    """What `zerowindow model tiny` writes."""
-
-    hf = "hf"
-    gguf = "gguf"
-
-
 @model_app.command("tiny")
 def model_tiny(
     out_dir: Annotated[Path, typer.Argument(help="folder to write the model into")],
     seed: Annotated[int, typer.Option(help="seed of weights and tokenizer corpus")] = 0,
-    format: Annotated[
-        ModelFormat,
-        typer.Option(
-            "--format",
-            help="hf: a Hugging Face folder (vLLM); gguf: also DIR/tiny.gguf from it (llama.cpp)",
-        ),
-    ] = ModelFormat.hf,
 ) -> None:
-    """Write a random-weight Llama model and a locally trained tokenizer (no network); with
-    --format gguf, also one GGUF file of it (made from the folder in DIR, written first if DIR
-    has no config.json)."""
+    """Write a random-weight Llama model and a locally trained tokenizer (no network)."""
     from harness.servers._tiny_model import make_tiny_model
 
     with setup_errors(f"cannot write the tiny model to {out_dir}", also=(ValueError,)):
-        if format is ModelFormat.hf or not (out_dir / "config.json").exists():
-            path = make_tiny_model(out_dir, seed=seed)
-            typer.echo(f"tiny model written to {path}")
-        if format is ModelFormat.gguf:
-            from harness.servers._tiny_gguf import GGUF_NAME, write_gguf
-
-            typer.echo(str(write_gguf(out_dir, out_dir / GGUF_NAME)))
+        path = make_tiny_model(out_dir, seed=seed)
+    typer.echo(f"tiny model written to {path}")
 
 
 @serve_app.command(
@@ -93,6 +76,24 @@ def serve_egress(ctx: typer.Context) -> None:
     from harness._egress import main as egress_main
 
     raise typer.Exit(egress_main(ctx.args, prog="zerowindow serve egress"))
+
+
+@engine_build_app.command("llama-server")
+def engine_build_llama_server(
+    jobs: Annotated[
+        int | None, typer.Option(min=1, help="parallel compilers (default: the number of CPUs)")
+    ] = None,
+) -> None:
+    """Build llama.cpp's llama-server into the cache, once.
+
+    From the llama.cpp vendored in the llama-cpp-python sdist the Python engine uses (about 11
+    minutes on 2 CPUs); a second call returns the cached binary at once. Prints the binary's
+    path (the steps go to stderr). Run it with --no-ui: it has no web UI."""
+    from harness.servers._llama_build import build_llama_server
+
+    with setup_errors("cannot build llama-server", also=(RuntimeError, ValueError)):
+        path = build_llama_server(jobs=jobs, log=lambda line: typer.echo(line, err=True))
+    typer.echo(str(path))
 
 
 NetnsOption = Annotated[
@@ -204,8 +205,9 @@ def netem_clear(
 
 
 def add_tool_commands(app: typer.Typer) -> None:
-    """Add ``worker``, ``model``, ``serve`` and ``netem`` to the ``zerowindow`` app."""
+    """Add ``worker``, ``model``, ``serve``, ``engine`` and ``netem`` to the ``zerowindow`` app."""
     app.command()(worker)
     app.add_typer(model_app, name="model")
     app.add_typer(serve_app, name="serve")
+    app.add_typer(engine_app, name="engine")
     app.add_typer(netem_app, name="netem")

@@ -36,7 +36,7 @@ from harness.analysis._summary import (
     summarize_server,
 )
 from harness.analysis._tables import chunks_frame, load_records, requests_frame
-from harness.analysis._verdicts import kv_held_verdict
+from harness.analysis._verdicts import engine_costs, kv_held_verdict
 from harness.collectors import SOCKET_COLUMNS
 from harness.runfolder import (
     CHUNKS,
@@ -233,6 +233,14 @@ def analyze(run_dir: Path, facts: RunFacts | None = None) -> Analysis:
     if status == "complete" and (reason := all_requests_failed(requests)):
         status, failure = "failed", reason
     proxy_rows: list[dict[str, Any]] = read_parquet(run_dir / PROXY).to_dict("records")  # type: ignore[assignment]
+    verdicts = {
+        "kv_held_by_undelivered_streams": combine_verdicts(
+            engine_verdict, verdict.as_dict(), no_engine
+        )
+    }
+    costs = engine_costs(server.model_dump(), verdicts["kv_held_by_undelivered_streams"])
+    if costs is not None:
+        verdicts["engine_costs"] = costs
     summary = RunSummary(
         scenario=scenario.name,
         status=status,
@@ -243,11 +251,7 @@ def analyze(run_dir: Path, facts: RunFacts | None = None) -> Analysis:
             *_behaviour_summaries(scenario, requests, chunks),
         ],
         server=server,
-        verdicts={
-            "kv_held_by_undelivered_streams": combine_verdicts(
-                engine_verdict, verdict.as_dict(), no_engine
-            )
-        },
+        verdicts=verdicts,
         client_saturation=saturation_summary(
             [p for g in groups for p in saturation_files(run_dir, g)],
             placement=facts.placement,

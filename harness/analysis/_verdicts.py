@@ -138,3 +138,29 @@ def kv_held_verdict(
         return KvHeldVerdict("not_observed", window_s, 0.0, 0.0, 0.0,
                              verdict.undelivered_peak_bytes, t_end)  # fmt: skip
     return verdict
+
+
+def engine_costs(server: dict[str, Any], kv: dict[str, Any]) -> dict[str, Any] | None:
+    """What undelivered streams cost an engine that does not hold KV for them, from the engine
+    process's samples (``server``: :class:`~harness.runfolder.ServerSummary` as a dict) and the
+    KV-held verdict ``kv``: its thread count (first sample and peak), its RSS growth over the
+    first sample (MB) and the undelivered bytes that sat in Send-Q (``undelivered_peak_bytes``).
+    ``None`` when the run sampled no engine process (a target the run did not start)."""
+    start, peak = server.get("server_threads_start"), server.get("server_threads_peak")
+    growth = server.get("server_rss_growth_mb")
+    if start is None or peak is None or growth is None:
+        return None
+    undelivered = kv.get("undelivered_peak_bytes") or 0
+    line = (
+        f"engine process: threads {start:.0f} -> {peak:.0f} at peak, RSS +{growth:.1f} MB "
+        f"(peak {server.get('server_rss_peak_mb') or 0:.1f} MB)"
+    )
+    if undelivered:
+        line += f", while up to {undelivered / 1e6:.2f} MB sat undelivered in Send-Q"
+    return {
+        "threads_start": start,
+        "threads_peak": peak,
+        "rss_growth_mb": growth,
+        "undelivered_peak_bytes": undelivered,
+        "line": line,
+    }

@@ -57,6 +57,8 @@ def print_summary(summary: RunSummary, *, run_dir: str, console: Console | None 
     print_matrix(summary.matrix, console)
     # Lines made of measured text are printed as they are: "[scrape-only: ...]" is no markup.
     console.print(summary.verdicts["kv_held_by_undelivered_streams"]["line"], markup=False)
+    if costs := summary.verdicts.get("engine_costs"):
+        console.print(costs["line"], markup=False)
     saturation = summary.client_saturation
     style = "bold yellow" if saturation.saturated else "dim"
     console.print(f"[{style}]{escape(saturation.message)}[/{style}]")

@@ -12,6 +12,7 @@ from harness.servers import (  # noqa: F401
     _egress,
     _envoy,
     _haproxy,
+    _llama_server,
     _llamacpp_python,
     _nginx,
     _none,
@@ -37,6 +38,7 @@ from harness.servers._egress import EgressProxyConfig
 from harness.servers._envoy import EnvoyProxyConfig
 from harness.servers._haproxy import HaproxyProxyConfig
 from harness.servers._health import free_port, wait_healthy
+from harness.servers._llama_server import LlamaServerTargetConfig
 from harness.servers._llamacpp_python import LlamaCppPythonTargetConfig
 from harness.servers._nginx import NGINX_PRESETS, NginxProxyConfig, render_nginx_conf
 from harness.servers._none import NoProxyConfig
@@ -55,6 +57,7 @@ __all__ = [
     "EnvoyProxyConfig",
     "HaproxyProxyConfig",
     "LlamaCppPythonTargetConfig",
+    "LlamaServerTargetConfig",
     "NginxProxyConfig",
     "NoProxyConfig",
     "Proxy",
