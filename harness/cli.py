@@ -411,6 +411,10 @@ def _print_repeats(config: Scenario, done: RepeatsResult) -> None:
     print_repeats(
         done.figures, done.gates, repeats=len(done.runs), confidence=config.gating.confidence,
         impact=done.impact,
+        verdicts=[
+            (run.run_dir.name, [v["line"] for v in run.summary.verdicts.values() if "line" in v])
+            for run in [*done.runs, *done.controls]
+        ],
     )  # fmt: skip
     print_gates(done.gates, exit_code=done.exit_code)
     markdown = repeats_markdown(

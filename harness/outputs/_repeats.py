@@ -68,10 +68,12 @@ def print_repeats(
     repeats: int,
     confidence: float,
     impact: Mapping[str, float | None] | None = None,
+    verdicts: Sequence[tuple[str, Sequence[str]]] = (),
     console: Console | None = None,
 ) -> None:
     """Print the figures of :func:`shown_figures` with their intervals and per-repeat values,
-    and a control arm's impact (:func:`impact_lines`)."""
+    a control arm's impact (:func:`impact_lines`) and each run's verdict lines (``verdicts``:
+    the run's folder name, e.g. ``r1`` or ``c1``, and its lines)."""
     console = console or Console(width=None if sys.stdout.isatty() else 160)
     table = Table(
         title=f"{repeats} repeats: figures with {confidence:.0%} intervals", title_justify="left"
@@ -86,6 +88,9 @@ def print_repeats(
         console.print("impact of the aggressors (with / without them; server: with - without):")
         for line in impact_lines(impact):
             console.print(f"  {escape(line)}")
+    for name, lines in verdicts:
+        for line in lines:
+            console.print(f"{name}: {line}", markup=False)
 
 
 def repeats_markdown(
