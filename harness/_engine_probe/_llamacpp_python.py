@@ -45,7 +45,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import llama_cpp
 import prometheus_client
@@ -289,7 +289,7 @@ async def get_event_publisher(
     try:
         await _original_publisher(
             request=request,
-            inner_send_chan=_TimedSend(inner_send_chan, life),
+            inner_send_chan=cast(Any, _TimedSend(inner_send_chan, life)),  # duck-typed
             body=body,
             body_model=body_model,
             llama_call=_timed_call(llama_call, life),
