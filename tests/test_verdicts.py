@@ -119,3 +119,34 @@ def test_the_held_peak_excludes_victims_running_meanwhile_and_held_time_fits_the
     assert v.kv_held_peak_perc == pytest.approx(40.0)  # not the victim's 90 %
     assert v.kv_held_s == pytest.approx(5.0)  # t=2..7, the victim's run included
     assert v.kv_held_s <= v.window_s
+
+
+def test_engine_costs_say_threads_memory_and_undelivered_bytes():
+    from harness.analysis._verdicts import engine_costs
+
+    server = {"server_threads_start": 7.0, "server_threads_peak": 13.0,
+              "server_rss_growth_mb": 11.87, "server_rss_peak_mb": 70.4}  # fmt: skip
+    costs = engine_costs(server, {"undelivered_peak_bytes": 456845})
+    assert costs is not None
+    assert costs["threads_peak"] == 13.0 and costs["rss_growth_mb"] == 11.87
+    assert costs["line"] == (
+        "engine process: threads 7 -> 13 at peak, RSS +11.9 MB (peak 70.4 MB), while up to "
+        "0.46 MB sat undelivered in Send-Q"
+    )
+    assert engine_costs({"server_threads_start": None}, {}) is None  # a url target
+
+
+def test_process_summary_uses_every_sample_answered_or_not():
+    import pandas as pd
+
+    from harness.analysis._summary import process_summary
+
+    metrics = pd.DataFrame({
+        "t": [0.0, 1.0, 2.0], "scrape_ok": [True, False, True],
+        "server_threads": [7, 11, 9], "server_rss_bytes": [50e6, 61e6, 60e6],
+    })  # fmt: skip
+    assert process_summary(metrics) == {
+        "server_threads_start": 7.0, "server_threads_peak": 11.0,
+        "server_rss_peak_mb": 61.0, "server_rss_growth_mb": 11.0,
+    }  # fmt: skip
+    assert process_summary(metrics.drop(columns=["server_threads", "server_rss_bytes"])) == {}
