@@ -125,6 +125,19 @@ def test_engine_spans_take_preemptions_out_of_decode():
     ]  # fmt: skip
 
 
+def test_engine_spans_show_generation_waiting_for_delivery_with_the_engine_kept():
+    """llama-cpp-python's shape: generation drips from 5.0 (waits merged into one span), its
+    last token at 6.0, the lock released at 14.0 when the client left."""
+    row = pd.Series(dict(zip(
+        ["t_arrival", "t_first_scheduled", "t_first_token", "t_generation_end", "t_kv_freed",
+         "send_blocked_at", "send_unblocked_at"],
+        [1.0, 1.0, 1.5, 6.0, 14.0, [5.0], [14.0]], strict=True,
+    )))  # fmt: skip
+    assert engine_spans(row) == [
+        ("prefill", 1.0, 1.5), ("decode", 1.5, 5.0), ("send_blocked", 5.0, 14.0),
+    ]  # fmt: skip  # no "KV held after generation": generation never ended, it waited
+
+
 def test_engine_spans_with_moments_that_never_came():
     """Aborted before its first token: prefill runs to the abort; no KV held after it."""
     row = pd.Series({"t_arrival": 1.0, "t_first_scheduled": 2.0, "t_first_token": float("nan"),

@@ -6,10 +6,11 @@ Engine row, from ``engine_requests.parquet`` joined by ``requests.parquet``'s
 ``engine_request_id``: queued (arrival to first scheduled), prefill (to first token), decode
 (to generation end), each minus the preempted spans (a preemption to its resume, or to
 generation end or KV freed when it never resumed), the spans in which generation waited for the
-server's send path with the engine kept (``send_blocked_at`` to ``send_unblocked_at``, within
-decode: a single-context engine such as llama-cpp-python), KV held after generation
-(generation end to KV freed, when positive) and a "KV freed" mark. Client row, from
-``requests.parquet`` and the raw records: waiting for the first byte (send to first byte),
+server's send path with the engine kept (``send_blocked_at`` to ``send_unblocked_at``, between
+the first token and the engine's release: a single-context engine such as llama-cpp-python), KV
+held after generation (generation end to KV freed, when positive, less those spans) and a "KV
+freed" mark. Client row, from ``requests.parquet`` and the raw records: waiting for the first
+byte (send to first byte),
 receiving (first byte to last byte, minus stalls), stalled (the records' ``stalls``;
 ``t_stall`` plus ``stall_s`` without records) and a mark where the client saw a cut
 (``t_cut_seen``, ``cut_kind``).
@@ -162,10 +163,11 @@ def engine_spans(engine: pd.Series) -> list[tuple[str, float, float]]:
     end = _first(gen_end, freed)
     holes = preempted(engine)
     blocked = []
-    if first is not None and end is not None:  # within decode; after it, kv_held shows it
+    last = _first(freed, end)
+    if first is not None and last is not None:  # from the first token to the engine's release
         starts = _times(engine.get("send_blocked_at"))
         pairs = zip(starts, _times(engine.get("send_unblocked_at")), strict=False)
-        blocked = [(max(a, first), min(b, end)) for a, b in pairs if min(b, end) > max(a, first)]
+        blocked = [(max(a, first), min(b, last)) for a, b in pairs if min(b, last) > max(a, first)]
     phases = [
         ("queued", arrival, _first(sched, first, end)),
         ("prefill", sched, _first(first, end)),
@@ -179,7 +181,7 @@ def engine_spans(engine: pd.Series) -> list[tuple[str, float, float]]:
     out += [("preempted", p0, p1) for p0, p1 in holes]
     out += [("send_blocked", p0, p1) for p0, p1 in blocked]
     if gen_end is not None and freed is not None and freed > gen_end:
-        out.append(("kv_held", gen_end, freed))
+        out += [("kv_held", a, b) for a, b in subtract(gen_end, freed, blocked) if b > a]
     return out
 
 
