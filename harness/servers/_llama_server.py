@@ -13,7 +13,7 @@ from harness.servers._base import TARGETS, Target, TargetConfigBase
 from harness.servers._health import TargetError
 from harness.servers._launched import LaunchedTarget
 from harness.servers._llama_build import find_llama_server
-from harness.servers._llamacpp_python import GGUF_HINT
+from harness.servers._llamacpp_python import require_gguf
 
 BUILD_HINT = (
     "build it with `make engines` or `zerowindow engine build llama-server` (about 11 min on "
@@ -90,17 +90,14 @@ class LlamaServerTarget(LaunchedTarget):
     def start(self, run_dir: Path) -> None:
         """Start the server; a missing GGUF file or binary fails first with what to do.
         Raises :class:`~zwcore.TargetError`."""
-        model = Path(self.config.model).expanduser()
-        if not model.is_file():
-            raise TargetError(f"GGUF model file {str(model.resolve())!r} does not exist "
-                              f"(target.model = {self.config.model!r}); {GGUF_HINT}")  # fmt: skip
+        require_gguf(self.config.model)
         super().start(run_dir)
 
     def build_argv(self) -> list[str]:
         c = self.config
         argv = [
             str(self.binary()),
-            "--model", str(Path(c.model).expanduser().resolve()),
+            "--model", str(require_gguf(c.model)),
             "--alias", c.served_model_name,
             "--host", c.host,
             "--port", str(self.port),

@@ -65,10 +65,7 @@ class LlamaCppPythonTarget(LaunchedTarget):
     def start(self, run_dir: Path) -> None:
         """Start the server; a missing GGUF file or a missing ``llama_cpp`` fails first with
         what to do. Raises :class:`~zwcore.TargetError`."""
-        model = Path(self.config.model).expanduser()
-        if not model.is_file():
-            raise TargetError(f"GGUF model file {str(model.resolve())!r} does not exist "
-                              f"(target.model = {self.config.model!r}); {GGUF_HINT}")  # fmt: skip
+        require_gguf(self.config.model)
         if not _has_llama_cpp(self.config.python):
             python = self.config.python or sys.executable
             raise TargetError(f"llama-cpp-python is not installed in {python}; {INSTALL_HINT}")
@@ -79,7 +76,7 @@ class LlamaCppPythonTarget(LaunchedTarget):
         argv = [
             c.python or sys.executable,
             "-m", "harness._engine_probe._llamacpp_python",
-            "--model", str(Path(c.model).expanduser().resolve()),
+            "--model", str(require_gguf(c.model)),
             "--model_alias", c.served_model_name,
             "--host", c.host,
             "--port", str(self.port),
@@ -97,6 +94,17 @@ class LlamaCppPythonTarget(LaunchedTarget):
         root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = ":".join(p for p in (root, env.get("PYTHONPATH", "")) if p)
         return env
+
+
+def require_gguf(model: str) -> Path:
+    """``model`` (``target.model``) as an absolute path. Raises :class:`~zwcore.TargetError`
+    naming the file and how to make the tiny one when it is not a file."""
+    path = Path(model).expanduser().resolve()
+    if not path.is_file():
+        raise TargetError(
+            f"GGUF model file {str(path)!r} does not exist (target.model = {model!r}); {GGUF_HINT}"
+        )
+    return path
 
 
 def _has_llama_cpp(python: str | None) -> bool:
