@@ -47,12 +47,18 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+import anyio
 import llama_cpp
 import prometheus_client
 from llama_cpp.server import app as server_app
 from starlette.responses import PlainTextResponse, Response
 
-from harness._engine_probe._tables import ENGINE_DIR_ENV, EngineTables, write_status
+from harness._engine_probe._tables import (
+    ENGINE_DIR_ENV,
+    PROBE_ERROR,
+    EngineTables,
+    write_status,
+)
 
 ENGINE = "llama-cpp-python"
 MIN_SEND_BLOCK_S = 0.05
@@ -65,7 +71,7 @@ _HOOKED = ("get_event_publisher", "get_llama_proxy", "create_app")
 _missing = [name for name in _HOOKED if not callable(getattr(server_app, name, None))]
 if _missing:
     raise ImportError(
-        f"zerowindow engine probe: llama_cpp.server.app {llama_cpp.__version__} has no "
+        f"{PROBE_ERROR}: llama_cpp.server.app {llama_cpp.__version__} has no "
         f"{', '.join(_missing)}; this probe was written for llama-cpp-python 0.3"
     )
 
@@ -151,8 +157,18 @@ class _Probe:
         )
 
     def start(self, out_dir: str, facts: dict[str, Any]) -> None:
+        """Write ``engine_probe.json`` and start the tables in ``out_dir``. A table write that
+        fails later stops the recording and says so there (``status = "failed"``); the server
+        runs on."""
+
+        def failed(exc: BaseException) -> None:
+            self.tables = None
+            reason = f"{PROBE_ERROR} failed: {type(exc).__name__}: {exc}"
+            with contextlib.suppress(OSError):
+                write_status(out_dir, **{**facts, "status": "failed", "reason": reason})
+
         write_status(out_dir, **facts)
-        self.tables = EngineTables(out_dir)
+        self.tables = EngineTables(out_dir, on_error=failed)
         atexit.register(self.tables.close)
 
     def step(self, *, tokens: int = 0, blocked_delta: int = 0) -> None:
@@ -295,8 +311,11 @@ async def get_event_publisher(
             llama_call=_timed_call(llama_call, life),
             kwargs=kwargs,
         )
-    except BaseException:
+    except anyio.get_cancelled_exc_class():
         life.finish_reason = "interrupted" if life.sent_done else "abort"
+        raise
+    except Exception:
+        life.finish_reason = "error"
         raise
     finally:
         if life.t_lock is not None and life.t_unlock is None:
