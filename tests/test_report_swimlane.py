@@ -176,9 +176,10 @@ def test_lanes_are_joined_by_engine_id_and_slowest_first(tmp_path):
         ("queued", 0.21, 0.5), ("prefill", 0.5, 0.6), ("decode", 0.6, 1.5), ("decode", 2.0, 3.0),
         ("preempted", 1.5, 2.0), ("kv_held", 3.0, 7.9),
     ]  # fmt: skip
-    # Its two stalls come from the records.
+    # Waiting until its first token (10 ms after the first byte); its two stalls come from the
+    # records.
     assert spans_of(lanes, 0, "client") == [
-        ("waiting", 0.2, 0.3), ("receiving", 0.3, 1.0), ("receiving", 4.0, 5.0),
+        ("waiting", 0.2, 0.31), ("receiving", 0.31, 1.0), ("receiving", 4.0, 5.0),
         ("receiving", 7.5, 8.0), ("stalled", 1.0, 4.0), ("stalled", 5.0, 7.5),
     ]  # fmt: skip
     # cut22222cccc: preempted and never resumed (to the abort); no record: t_stall + stall_s.
@@ -199,7 +200,7 @@ def test_report_puts_the_swimlane_first(tmp_path):
     assert "Upper row: what the engine did" in html and "no engine row:" not in html
     assert "1 of the 4 requests shown matched no engine row" in html
     for label in ("KV held after generation", "preempted", "KV freed", "cut seen (RST)",
-                  "stalled (not reading)", "waiting for first byte"):  # fmt: skip
+                  "stalled (not reading)", "waiting for the first token"):  # fmt: skip
         assert f'"name":"{label}"' in html, label
     assert "delivery lag 5,000 ms" in html and "faster request" not in html
 

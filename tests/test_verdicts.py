@@ -126,14 +126,14 @@ def test_engine_costs_say_threads_memory_and_undelivered_bytes():
 
     server = {"server_threads_start": 7.0, "server_threads_peak": 13.0,
               "server_rss_growth_mb": 11.87, "server_rss_peak_mb": 70.4}  # fmt: skip
-    costs = engine_costs(server, {"undelivered_peak_bytes": 456845})
+    costs = engine_costs(server, 456845.0)
     assert costs is not None
     assert costs["threads_peak"] == 13.0 and costs["rss_growth_mb"] == 11.87
     assert costs["line"] == (
         "engine process: threads 7 -> 13 at peak, RSS +11.9 MB (peak 70.4 MB), while up to "
         "0.46 MB sat undelivered in Send-Q"
     )
-    assert engine_costs({"server_threads_start": None}, {}) is None  # a url target
+    assert engine_costs({"server_threads_start": None}, 0.0) is None  # a url target
 
 
 def test_process_summary_uses_every_sample_answered_or_not():

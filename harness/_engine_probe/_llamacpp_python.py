@@ -115,7 +115,11 @@ class _Life:
             "t_arrival": self.t_arrival,
             "t_first_scheduled": self.t_lock,
             "t_first_token": self.t_first_token,
-            "t_generation_end": self.t_last_token if self.t_last_token else self.t_unlock,
+            # cut short (the client left, or interrupted): generation ended when the engine
+            # let the request go, as vLLM's abort; else at its last token
+            "t_generation_end": self.t_unlock
+            if self.finish_reason in ("abort", "interrupted", "error") or not self.t_last_token
+            else self.t_last_token,
             "t_kv_freed": self.t_unlock,
             "finish_reason": self.finish_reason,
             "prompt_tokens": None,

@@ -238,7 +238,8 @@ def analyze(run_dir: Path, facts: RunFacts | None = None) -> Analysis:
             engine_verdict, verdict.as_dict(), no_engine
         )
     }
-    costs = engine_costs(server.model_dump(), verdicts["kv_held_by_undelivered_streams"])
+    send_q = load_sockets.groupby("t")["send_q_bytes"].sum() if len(load_sockets) else None
+    costs = engine_costs(server.model_dump(), 0.0 if send_q is None else float(send_q.max()))
     if costs is not None:
         verdicts["engine_costs"] = costs
     summary = RunSummary(

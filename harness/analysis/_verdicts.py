@@ -140,17 +140,18 @@ def kv_held_verdict(
     return verdict
 
 
-def engine_costs(server: dict[str, Any], kv: dict[str, Any]) -> dict[str, Any] | None:
+def engine_costs(server: dict[str, Any], send_q_peak_bytes: float) -> dict[str, Any] | None:
     """What undelivered streams cost an engine that does not hold KV for them, from the engine
-    process's samples (``server``: :class:`~harness.runfolder.ServerSummary` as a dict) and the
-    KV-held verdict ``kv``: its thread count (first sample and peak), its RSS growth over the
-    first sample (MB) and the undelivered bytes that sat in Send-Q (``undelivered_peak_bytes``).
-    ``None`` when the run sampled no engine process (a target the run did not start)."""
+    process's samples (``server``: :class:`~harness.runfolder.ServerSummary` as a dict): its
+    thread count (first sample and peak), its RSS growth over the first sample (MB), and
+    ``send_q_peak_bytes``, the largest total Send-Q of the load's connections in the run
+    (``undelivered_peak_bytes``). ``None`` when the run sampled no engine process (a target
+    the run did not start)."""
     start, peak = server.get("server_threads_start"), server.get("server_threads_peak")
     growth = server.get("server_rss_growth_mb")
     if start is None or peak is None or growth is None:
         return None
-    undelivered = kv.get("undelivered_peak_bytes") or 0
+    undelivered = int(send_q_peak_bytes)
     line = (
         f"engine process: threads {start:.0f} -> {peak:.0f} at peak, RSS +{growth:.1f} MB "
         f"(peak {server.get('server_rss_peak_mb') or 0:.1f} MB)"

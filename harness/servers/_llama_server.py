@@ -82,7 +82,10 @@ class LlamaServerTarget(LaunchedTarget):
             if not path.is_file():
                 raise TargetError(f"target.binary {str(path)!r} does not exist; {BUILD_HINT}")
             return path
-        found = find_llama_server()
+        try:
+            found = find_llama_server()
+        except RuntimeError as exc:  # $ZEROWINDOW_LLAMA_SERVER names no executable
+            raise TargetError(str(exc)) from None
         if found is None:
             raise TargetError(f"no llama-server binary found; {BUILD_HINT}")
         return found

@@ -10,8 +10,8 @@ server's send path with the engine kept (``send_blocked_at`` to ``send_unblocked
 the first token and the engine's release: a single-context engine such as llama-cpp-python), KV
 held after generation (generation end to KV freed, when positive, less those spans) and a "KV
 freed" mark. Client row, from ``requests.parquet`` and the raw records: waiting for the first
-byte (send to first byte),
-receiving (first byte to last byte, minus stalls), stalled (the records' ``stalls``;
+token (send to first token, else to first byte), receiving (from then to the last byte, minus
+stalls), stalled (the records' ``stalls``;
 ``t_stall`` plus ``stall_s`` without records) and a mark where the client saw a cut
 (``t_cut_seen``, ``cut_kind``).
 """
@@ -39,7 +39,7 @@ ENGINE_KINDS = {  # kind -> (legend label, colour)
     "send_blocked": ("engine kept, generation waiting for delivery", "#fb6a4a"),
 }
 CLIENT_KINDS = {
-    "waiting": ("waiting for first byte", "#d9d9d9"),
+    "waiting": ("waiting for the first token", "#d9d9d9"),
     "receiving": ("receiving", "#009e73"),
     "stalled": ("stalled (not reading)", "#e69f00"),  # the timeline's stall-onset colour
 }
@@ -191,7 +191,10 @@ def client_spans(
     """``(kind, start, end)`` (monotonic s) of one ``requests`` row; ``stalls`` are the raw
     record's ``[start, end]`` pairs (``None`` without records: then ``t_stall`` plus
     ``stall_s``, an approximation that merges several stalls into one)."""
-    send, fb, lb, end = (_t(req.get(c)) for c in ("t_send", "t_first_byte", "t_last_byte", "t_end"))
+    send, lb, end = (_t(req.get(c)) for c in ("t_send", "t_last_byte", "t_end"))
+    # Waiting lasts until the first token: a server that answers its headers at once and its
+    # first token seconds later (llama-cpp-python behind a held lock) kept the client waiting.
+    fb = _first(_t(req.get("t_first_token")), _t(req.get("t_first_byte")))
     cut = _t(req.get("t_cut_seen"))
     last = _first(end, cut, lb)
     holes: list[tuple[float, float]] = []
