@@ -19,8 +19,8 @@ import pandas as pd
 ENGINE_JOIN_COLUMNS = [
     "engine_request_id", "t_engine_arrival", "t_engine_first_scheduled", "t_engine_first_token",
     "t_generation_end", "t_kv_freed", "engine_finish_reason", "engine_preemptions",
-    "engine_kv_blocks_freed", "engine_output_tokens", "delivery_lag_ms",
-    "kv_held_after_generation_ms", "engine_send_blocked_max_ms",
+    "engine_kv_blocks_freed", "engine_output_tokens", "engine_send_blocked_max_ms",
+    "delivery_lag_ms", "kv_held_after_generation_ms",
     "undelivered_tokens_at_generation_end", "undelivered_tokens_at_kv_free",
     "undelivered_bytes_at_generation_end", "undelivered_bytes_at_kv_free",
 ]  # fmt: skip
@@ -109,7 +109,7 @@ def join_engine(
             for spans in map(_spans, eng["send_blocked_at"], eng["send_unblocked_at"])
         ]
     idx = out["request_id"]
-    for col in [*ENGINE_JOIN_COLUMNS[:10], "engine_send_blocked_max_ms"]:
+    for col in ENGINE_JOIN_COLUMNS[:11]:  # the engine's own; the rest are derived below
         out[col] = idx.map(eng[col]).to_numpy() if col in eng else np.nan
     gen_end, freed = (
         out.set_index("request_id")["t_generation_end"],

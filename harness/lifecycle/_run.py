@@ -151,7 +151,7 @@ class RunLifecycle:
             self.target.base_url,
             interval_s=c.metrics_interval_s,
             slots=self.target.serves_slots,
-            pid=self.target.server_pid(),
+            pid=self.target.pid(),
         )
         self.sockets = SocketSampler(
             {port, target_port}, interval_s=c.sockets_interval_s, netns=netns

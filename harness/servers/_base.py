@@ -47,6 +47,13 @@ class Server:
         for process in self.processes():
             process.stop(grace_s=5.0)
 
+    def pid(self) -> int | None:
+        """The pid of the server's main process, once started (``None``: no process, as for a
+        server the run does not start); the run samples a target's threads and RSS and a
+        proxy's memory by it."""
+        procs = [p.proc for p in self.processes() if p.proc is not None]
+        return int(procs[0].pid) if procs else None
+
     def describe(self) -> dict[str, Any]:
         """Facts for ``run.json``: kind, command line, versions."""
         return {"kind": self.kind}
@@ -65,12 +72,6 @@ class Target(Server):
     """Why the engine writes no tables, when it writes none."""
     serves_slots: ClassVar[bool] = False
     """Whether the engine answers ``GET /slots`` (llama-server), which the run then samples."""
-
-    def server_pid(self) -> int | None:
-        """The pid of the engine's main process, once started (``None``: the run does not
-        start it); the run samples its threads and RSS."""
-        procs = [p.proc for p in self.processes() if p.proc is not None]
-        return int(procs[0].pid) if procs else None
 
     def start(self, run_dir: Path) -> None:
         """Start (or reach) the server; return when it is ready. Raises
@@ -105,11 +106,6 @@ class Proxy(Server):
         """Start in front of ``upstream_url``; return the URL clients use. Raises
         :class:`~zwcore.ProxyError`."""
         raise NotImplementedError
-
-    def pid(self) -> int | None:
-        """The pid of the proxy's main process (``None``: no process)."""
-        procs = [p.proc for p in self.processes() if p.proc is not None]
-        return int(procs[0].pid) if procs else None
 
     def spill_dir(self, run_dir: Path) -> Path | None:
         """Where the proxy spills buffered response bytes to files (``None``: it does not)."""

@@ -11,9 +11,8 @@ the first token and the engine's release: a single-context engine such as llama-
 held after generation (generation end to KV freed, when positive, less those spans) and a "KV
 freed" mark. Client row, from ``requests.parquet`` and the raw records: waiting for the first
 token (send to first token, else to first byte), receiving (from then to the last byte, minus
-stalls), stalled (the records' ``stalls``;
-``t_stall`` plus ``stall_s`` without records) and a mark where the client saw a cut
-(``t_cut_seen``, ``cut_kind``).
+stalls), stalled (the records' ``stalls``; ``t_stall`` plus ``stall_s`` without records) and a
+mark where the client saw a cut (``t_cut_seen``, ``cut_kind``).
 """
 
 from __future__ import annotations
