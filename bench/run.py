@@ -17,7 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from _probe_bench import run_trials as run_probe_trials  # bench/ is sys.path[0]
+from _llamacpp_probe_bench import trial as llamacpp_trial  # bench/ is sys.path[0]
+from _probe_bench import run_trials as run_probe_trials
 
 from harness._sim._bench import run_benchmark
 from harness.benchmarks import run_client_bench, run_proxy_bench, run_send_lag, run_slow
@@ -246,7 +247,7 @@ def _openloop_section() -> list[str]:
         "",
         f"Target: send lag p99 under {SEND_LAG_TARGET_P99_MS:g} ms at "
         f"{SEND_LAG_RATE_RPS:g} requests/s from one load process. One Locust process runs the "
-        "toolkit's locustfile with an open-loop group (`arrival = { kind = \"poisson\", "
+        'toolkit\'s locustfile with an open-loop group (`arrival = { kind = "poisson", '
         f"rate_rps = {SEND_LAG_RATE_RPS:g}, duration_s = 30 }}`), pinned to core 1, against the "
         "bench SSE server on core 0; each request is answered with 20 chunks 10 ms apart "
         "(~0.2 s, about 10 streams open at a time). Send lag: each request's `t_send` "
@@ -377,12 +378,60 @@ def _probe_section() -> list[str]:
     ]
 
 
+def _llamacpp_probe_section() -> list[str]:
+    trials, requests, max_tokens = 7, 3, 500
+    load = _load()
+    runs = [
+        llamacpp_trial(probe, requests=requests, max_tokens=max_tokens)
+        for _ in range(trials)
+        for probe in (False, True)
+    ]
+    off = sorted(t.tokens_per_s for t in runs if not t.probe)
+    on = sorted(t.tokens_per_s for t in runs if t.probe)
+    median_off, median_on = off[len(off) // 2], on[len(on) // 2]
+    noise = (off[-1] - off[0]) / off[-1] * 100.0
+    command = (
+        f"python bench/_llamacpp_probe_bench.py --trials {trials} --requests {requests} "
+        f"--max-tokens {max_tokens}"
+    )
+    rows = [
+        f"| {'wrapper' if t.probe else 'plain'} | {t.tokens:,} | {t.stream_s:.2f} | "
+        f"{t.tokens_per_s:,.0f} |"
+        for t in runs
+    ]
+    return [
+        "## llama-cpp-python probe wrapper against the plain server",
+        "",
+        "llama-cpp-python's OpenAI server on the tiny GGUF model, started plainly "
+        "(`python -m llama_cpp.server`, the anchor) and through the probe wrapper "
+        "(`harness._engine_probe._llamacpp_python`, recording every token), trials "
+        f"alternating in one run; each trial is a fresh server, one warm-up, then {requests} "
+        f"streams of {max_tokens} tokens to a full-speed reader, one after the other; tokens/s "
+        "is their tokens over the time from the first one's first token to the last one's last.",
+        "",
+        f"Command: `{command}`",
+        "",
+        load,
+        "",
+        "| server | tokens | stream s | tokens/s |",
+        "| --- | ---: | ---: | ---: |",
+        *rows,
+        "",
+        f"- median tokens/s, wrapper over plain: {median_on / median_off:.3f} "
+        f"({median_on:,.0f} against {median_off:,.0f}). The plain trials spread by "
+        f"{noise:.1f} % among themselves on this shared machine: a difference smaller than "
+        "that is not resolved here.",
+        "",
+    ]
+
+
 SECTIONS = {
     "sim": _sim_section,
     "proxies": _proxy_section,
     "slow": _slow_section,
     "itl": _itl_sections,
     "probe": _probe_section,
+    "llamacpp-probe": _llamacpp_probe_section,
     "openloop": _openloop_section,
     "gates": _gates_section,
 }
