@@ -2,8 +2,8 @@
 
 The public names, by the path the data takes::
 
-    load_scenario ──► run_scenario / run_comparison ──► run folder ──► analyze ──► gates
-                                                                        └──► reports
+    load_scenario ──► make_plan ──► run_plan (run) ──► run folders ──► analyze ──► gates
+                                                                              └──► reports
 
 Each role is a subpackage with its own ``__all__`` (``harness.scenario``, ``harness.servers``,
 ``harness.collectors``, ``harness.lifecycle``, ``harness.runfolder``, ``harness.analysis``,
@@ -21,16 +21,25 @@ if TYPE_CHECKING:
         EXIT_INTERRUPTED,
         EXIT_OK,
         EXIT_SETUP,
-        ComparisonResult,
+        ArmResult,
         Distribution,
+        PlanResult,
         RunResult,
         reanalyze,
-        run_comparison,
+        run,
+        run_plan,
         run_scenario,
     )
     from harness.outputs import write_report
     from harness.runfolder import RunSummary, figure_names, figures
-    from harness.scenario import Scenario, load_scenario, parse_scenario
+    from harness.scenario import (
+        Plan,
+        RunOptions,
+        Scenario,
+        load_scenario,
+        make_plan,
+        parse_scenario,
+    )
     from harness.servers import PROXIES, TARGETS, ProxyConfigBase, TargetConfigBase
     from zwcore import (
         LoadError,
@@ -48,8 +57,11 @@ _LAZY = {
     "Analysis": "harness.analysis",
     "Baseline": "harness.gates",
     "BaselineError": "harness.gates",
-    "ComparisonResult": "harness.lifecycle",
+    "ArmResult": "harness.lifecycle",
     "Distribution": "harness.lifecycle",
+    "Plan": "harness.scenario",
+    "PlanResult": "harness.lifecycle",
+    "RunOptions": "harness.scenario",
     "EXIT_FAILED": "harness.lifecycle",
     "EXIT_INTERRUPTED": "harness.lifecycle",
     "EXIT_OK": "harness.lifecycle",
@@ -78,7 +90,9 @@ _LAZY = {
     "parse_scenario": "harness.scenario",
     "read_facts": "harness.analysis",
     "reanalyze": "harness.lifecycle",
-    "run_comparison": "harness.lifecycle",
+    "make_plan": "harness.scenario",
+    "run": "harness.lifecycle",
+    "run_plan": "harness.lifecycle",
     "run_scenario": "harness.lifecycle",
     "save_baseline": "harness.gates",
     "write_report": "harness.outputs",
@@ -94,8 +108,11 @@ __all__ = [
     "Analysis",
     "Baseline",
     "BaselineError",
-    "ComparisonResult",
+    "ArmResult",
     "Distribution",
+    "Plan",
+    "PlanResult",
+    "RunOptions",
     "GateResult",
     "LoadError",
     "NetworkError",
@@ -118,7 +135,9 @@ __all__ = [
     "parse_scenario",
     "read_facts",
     "reanalyze",
-    "run_comparison",
+    "make_plan",
+    "run",
+    "run_plan",
     "run_scenario",
     "save_baseline",
     "write_report",

@@ -7,39 +7,25 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 
 from harness._cli_bench import bench_app
 from harness._cli_errors import fail, setup_errors
+from harness._cli_plan import show_plan
 from harness._cli_tools import add_tool_commands
+from harness.analysis import parse_goodput
 from harness.gates import BaselineError, load_baseline, save_baseline
-from harness.lifecycle import (
-    Distribution,
-    RepeatsResult,
-    RunProgress,
-    check_listen_address,
-    parse_address,
-    reanalyze,
-    run_comparison,
-    run_repeats,
-    run_scenario,
-    run_suite,
-    run_sweep,
+from harness.lifecycle import reanalyze, run_plan, run_suite
+from harness.outputs import SuiteResult, print_suite
+from harness.runfolder import JUNIT_XML
+from harness.scenario import (
+    RunOptions,
+    Scenario,
+    ScenarioError,
+    SweepSettings,
+    load_scenario,
+    make_plan,
 )
-from harness.lifecycle._sweep import parse_goodput
-from harness.outputs import (
-    STEP_SUMMARY_ENV,
-    append_markdown,
-    append_step_summary,
-    print_comparison,
-    print_gates,
-    print_repeats,
-    print_suite,
-    print_summary,
-    print_sweep,
-    repeats_markdown,
-    write_suite_junit,
-)
-from harness.scenario import Scenario, ScenarioError, load_scenario
 from zwcore import ZerowindowError
 
 app = typer.Typer(
@@ -60,6 +46,21 @@ _RUN_TITLES = {
     OSError: "cannot create the run folder",
     ZerowindowError: "cannot start the run",
 }
+
+
+def _options(scenario: Path, **fields: object) -> RunOptions:
+    """The command's options, an invalid one refused with exit 2."""
+    with setup_errors("invalid argument", scenario=scenario, also=(ValidationError,)):
+        return RunOptions.model_validate(fields)
+
+
+def _run_plan(scenario: Path, config: Scenario, options: RunOptions, out: Path) -> None:
+    """Make the plan (a pair of options that does not compose: exit 2), run it, show it."""
+    with setup_errors(_RUN_TITLES, scenario=scenario):
+        plan = make_plan(config, options, scenario_path=scenario)
+        result = run_plan(plan, out_root=out)
+    show_plan(result)
+    raise typer.Exit(result.exit_code)
 
 
 @app.command()
@@ -110,75 +111,39 @@ def run(
         typer.Option(
             min=1,
             help="run the workload N times against one target and gate on all of them, with "
-            "intervals (default: the scenario's repeats)",
+            "intervals (default: the scenario's repeats); with proxies, N times each",
         ),
     ] = None,
 ) -> None:
-    """Run SCENARIO and write results/<scenario>/<UTC timestamp>/ (with `proxies = [...]`: one
-    run folder per proxy configuration in it, and the comparison; with repeats: one run folder
-    per repeat, r1, r2 ..., and the gates over all of them).
+    """Run SCENARIO and write results/<scenario>/<UTC timestamp>/: one run folder, or the
+    plan's folder with one run folder per repeat (r1, r2 ..., control runs c1 ...) and per
+    proxy configuration (`proxies = [...]`: none/, nginx/ ..., each with its repeats), their
+    aggregate (figures with intervals, the comparison) and the gates over all of them.
 
-    Exit code: 0 complete and every gate passed, 1 a gate failed or the run failed, 2 invalid
-    scenario or set-up error (missing baseline, target did not start), 130 interrupted.
-    Writes junit.xml into the run folder; appends a Markdown summary to $GITHUB_STEP_SUMMARY
-    when it is set."""
-    if baseline is not None and no_baseline:
-        fail(
-            "invalid arguments",
-            "--baseline and --no-baseline exclude each other",
-            scenario=scenario,
-        )
+    Exit code: 0 complete and every gate passed, 1 a gate failed or a run failed, 2 invalid
+    scenario, a pair of options that does not compose, or a set-up error (missing baseline,
+    target did not start), 130 interrupted. Writes junit.xml into the folder; appends a
+    Markdown summary to $GITHUB_STEP_SUMMARY when it is set."""
     with setup_errors("invalid scenario", scenario=scenario):
         config = load_scenario(scenario)
-    distribution = None
-    if workers or remote_workers:
-        with setup_errors("invalid argument", scenario=scenario):
-            host, port = parse_address(master_bind, default_port=0)
-            check_listen_address(host)
-            distribution = Distribution(workers, remote_workers, host, port)
-    if config.proxies:
-        _run_comparison(config, scenario, out, target_url, distribution)
-    count = repeats or config.repeats
-    if count > 1 or config.control or config.gating.inconclusive == "rerun":
-        with setup_errors(_RUN_TITLES, scenario=scenario):
-            done = run_repeats(
-                config, repeats=count, scenario_path=scenario, out_root=out,
-                target_url=target_url, baseline=baseline, use_baseline=not no_baseline,
-                distribution=distribution,
-            )  # fmt: skip
-        _print_repeats(config, done)
-    with setup_errors(_RUN_TITLES, scenario=scenario):
-        result = run_scenario(
-            config,
-            scenario_path=scenario,
-            out_root=out,
-            target_url=target_url,
-            baseline=baseline,
-            use_baseline=not no_baseline,
-            progress=RunProgress() if progress else None,
-            distribution=distribution,
-        )
-    print_summary(result.summary, run_dir=str(result.run_dir))
-    print_gates(result.gates, exit_code=result.exit_code)
-    try:
-        append_step_summary(
-            result.summary, result.gates, run_dir=result.run_dir, exit_code=result.exit_code
-        )
-    except OSError as exc:
-        typer.echo(f"cannot append to ${STEP_SUMMARY_ENV}: {exc}", err=True)
-    if (report_path := result.run_dir / "report.html").exists():
-        typer.echo(f"report: {report_path}")
-    raise typer.Exit(result.exit_code)
+    options = _options(
+        scenario, target_url=target_url, repeats=repeats, baseline=baseline,
+        use_baseline=not no_baseline, workers=workers, remote_workers=remote_workers,
+        master_bind=master_bind, progress=progress,
+    )  # fmt: skip
+    _run_plan(scenario, config, options, out)
 
 
 @app.command()
 def analyze(
-    run_dir: Annotated[Path, typer.Argument(help="run folder (results/<scenario>/<stamp>)")],
+    run_dir: Annotated[
+        Path, typer.Argument(help="a folder zerowindow wrote: a run, a plan's or a suite's")
+    ],
     baseline: Annotated[
         Path | None,
         typer.Option(
             help="baseline file for gates that refer to 'baseline' "
-            "(default: the baseline the run was gated against, kept in its gates.json)"
+            "(default: the baseline the run was gated against, kept in its folder)"
         ),
     ] = None,
     no_baseline: Annotated[
@@ -186,20 +151,24 @@ def analyze(
         typer.Option("--no-baseline", help="report gates that refer to 'baseline' as skipped"),
     ] = False,
 ) -> None:
-    """Analyse RUN_DIR again: tables, summary.json, gates, junit.xml, run.json's end and the
-    report, from what the run recorded (a run copied off another machine, or an analysis fix
-    applied to an old run). Relative gates compare with the baseline the run used, unless
-    --baseline or --no-baseline says otherwise.
+    """Analyse RUN_DIR again from what it recorded (a folder copied off another machine, or an
+    analysis fix applied to old runs): a run's tables, summary.json, gates, junit.xml,
+    run.json's end and report; a plan's runs and its aggregate (repeats.json, comparison,
+    sweep table, gates, junit.xml, report); a suite's incidents and its junit.xml. Relative
+    gates compare with the baseline the folder used, unless --baseline or --no-baseline says
+    otherwise.
 
     Exit code as for `run`: 0 complete and every gate passed, 1 failed or a gate failed,
-    2 not a run folder, 130 the run was interrupted."""
+    2 not a folder zerowindow wrote, 130 the run was interrupted."""
     if baseline is not None and no_baseline:
         fail("invalid arguments", "--baseline and --no-baseline exclude each other")
     with setup_errors(f"cannot analyse {run_dir}"):
         base = (baseline, load_baseline(baseline)) if baseline is not None else None
         result = reanalyze(run_dir, baseline=base, use_baseline=not no_baseline)
-    print_summary(result.summary, run_dir=str(result.run_dir))
-    print_gates(result.gates, exit_code=result.exit_code)
+    if isinstance(result, SuiteResult):
+        print_suite(result)
+    else:
+        show_plan(result)
     raise typer.Exit(result.exit_code)
 
 
@@ -339,29 +308,19 @@ def sweep(
     rate and sweep.json, sweep.md and sweep.html (figures against the rate).
 
     Exit code: 0 every run completed (gates may fail at high rates), 1 a run failed, 2 invalid
-    scenario or set-up error, 130 interrupted."""
+    scenario, a pair of options that does not compose, or a set-up error, 130 interrupted."""
     with setup_errors("invalid scenario", scenario=scenario):
         config = load_scenario(scenario)
     with setup_errors("invalid argument", scenario=scenario, also=(ValueError,)):
-        rate_list = _rates(rates)
-        slo = parse_goodput(goodput or [])
+        settings = SweepSettings(
+            steps=steps, rates_rps=_rates(rates), sla=sla,
+            sla_on="rate" if sla_on == "rate" else "concurrency", sla_steps=sla_steps,
+            serial_requests=serial_requests, goodput_slo_ms=parse_goodput(goodput or []),
+        )  # fmt: skip
         if sla_on not in ("rate", "concurrency"):
             raise ValueError(f"--sla-on {sla_on!r}: expected rate or concurrency")
-        distribution = Distribution(workers) if workers else None
-    with setup_errors(_RUN_TITLES, scenario=scenario):
-        result = run_sweep(
-            config, steps=steps, rates=rate_list, sla=sla,
-            sla_on="rate" if sla_on == "rate" else "concurrency",
-            sla_steps=sla_steps, goodput=slo,
-            serial_requests=serial_requests, scenario_path=scenario, out_root=out,
-            target_url=target_url, distribution=distribution,
-        )  # fmt: skip
-    if result.points:
-        print_sweep(result.as_dict(), title=config.name)
-    if result.failure:
-        typer.secho(f"sweep incomplete: {result.failure}", fg="red", err=True)
-    typer.echo(f"results: {result.run_dir}")
-    raise typer.Exit(result.exit_code)
+    options = _options(scenario, target_url=target_url, workers=workers, sweep=settings)
+    _run_plan(scenario, config, options, out)
 
 
 def _rates(text: str | None) -> list[float] | None:
@@ -380,57 +339,6 @@ def _rates(text: str | None) -> list[float] | None:
     return out
 
 
-def _run_comparison(
-    config: Scenario,
-    path: Path,
-    out: Path,
-    target_url: str | None,
-    distribution: Distribution | None,
-) -> None:
-    with setup_errors(_RUN_TITLES, scenario=path):
-        result = run_comparison(
-            config,
-            scenario_path=path,
-            out_root=out,
-            target_url=target_url,
-            distribution=distribution,
-        )
-    if result.comparison is not None:
-        print_comparison(result.comparison, title=config.name)
-    for name, run in result.runs.items():
-        if run.gates:
-            typer.echo(f"gates of {name}:")
-            print_gates(run.gates, exit_code=run.exit_code)
-    if result.failure:
-        typer.secho(f"comparison incomplete: {result.failure}", fg="red", err=True)
-    typer.echo(f"results: {result.run_dir}")
-    raise typer.Exit(result.exit_code)
-
-
-def _print_repeats(config: Scenario, done: RepeatsResult) -> None:
-    print_repeats(
-        done.figures, done.gates, repeats=len(done.runs), confidence=config.gating.confidence,
-        impact=done.impact,
-        verdicts=[
-            (run.run_dir.name, [v["line"] for v in run.summary.verdicts.values() if "line" in v])
-            for run in [*done.runs, *done.controls]
-        ],
-    )  # fmt: skip
-    print_gates(done.gates, exit_code=done.exit_code)
-    markdown = repeats_markdown(
-        config.name, done.figures, done.gates, run_dir=done.run_dir, exit_code=done.exit_code,
-        impact=done.impact,
-    )  # fmt: skip
-    try:
-        append_markdown(markdown)
-    except OSError as exc:
-        typer.echo(f"cannot append to ${STEP_SUMMARY_ENV}: {exc}", err=True)
-    if done.failure:
-        typer.secho(f"run incomplete: {done.failure}", fg="red", err=True)
-    typer.echo(f"results: {done.run_dir}")
-    raise typer.Exit(done.exit_code)
-
-
 def main() -> None:
     app()
 
@@ -445,8 +353,9 @@ def suite_run(
     target: Annotated[
         str,
         typer.Option(
-            help="scenario (each incident's own target table), sim (the emulator) or vllm (a "
-            "real vLLM serving --model, started for each incident)"
+            help="scenario (each incident's own target table), or a target kind that can stand "
+            "in for it: sim (the emulator), vllm (a real vLLM serving --model, started for each "
+            "incident)"
         ),
     ] = "scenario",
     model: Annotated[str, typer.Option(help="with --target vllm: the model")] = "models/tiny",
@@ -471,8 +380,6 @@ def suite_run(
     incident or argument, 130 interrupted."""
     titles = {ValueError: "invalid argument", ZerowindowError: "invalid incident or argument"}
     with setup_errors(titles, also=(ValueError,)):
-        if target not in ("scenario", "sim", "vllm"):
-            raise ValueError(f"--target {target!r}: expected scenario, sim or vllm")
         if target_url is not None and target != "scenario":
             raise ValueError(f"give --target {target} or --target-url, not both")
         if engine_dir is not None and target_url is None:
@@ -482,7 +389,7 @@ def suite_run(
             raise ValueError("--only: give incident names, comma-separated")
         result = run_suite(
             directory,
-            target="sim" if target == "sim" else "vllm" if target == "vllm" else "scenario",
+            target=target,
             target_url=target_url,
             engine_dir=engine_dir,
             only=names,
@@ -491,6 +398,5 @@ def suite_run(
             served_model_name=served_model_name,
         )
     print_suite(result)
-    path = write_suite_junit(result)
-    typer.echo(f"junit: {path}")
+    typer.echo(f"junit: {result.run_dir / JUNIT_XML}")
     raise typer.Exit(result.exit_code)

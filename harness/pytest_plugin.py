@@ -1,10 +1,13 @@
 """pytest plugin: run zerowindow scenarios from your own tests.
 
 Installed with the toolkit (entry point ``pytest11``, name ``zerowindow``), it adds the fixture
-``zerowindow_run``, a function that runs one scenario and returns its
-:class:`~harness.RunResult`: ``run_dir``, the typed ``summary``
-(:class:`~harness.RunSummary`), ``figures`` (the same names gates use), ``gates``
-(each a :class:`~harness.GateResult`) and ``exit_code`` (as ``zerowindow run``'s)::
+``zerowindow_run``, a function that runs one scenario as ``zerowindow run`` does (its plan:
+one run, repeats, a control arm, every configuration of its ``proxies``) and returns its
+:class:`~harness.PlanResult`: ``run_dir``, ``exit_code`` (as ``zerowindow run``'s), ``gates``
+(each a :class:`~harness.GateResult`, every configuration's), ``runs`` (each run's
+:class:`~harness.RunResult` by its folder), ``arms`` (per configuration: its figures over its
+repeats, with intervals, and its gates) and ``comparison``; for a plan of one run, ``summary``
+(:class:`~harness.RunSummary`) and ``figures`` (the same names gates use) too::
 
     def test_fast_readers_keep_their_ttft(zerowindow_run):
         result = zerowindow_run(
@@ -14,11 +17,16 @@ Installed with the toolkit (entry point ``pytest11``, name ``zerowindow``), it a
         assert result.summary.status == "complete", result.summary.failure
         assert result.figures["fast.ttft_p99_ms"] < 500
 
+    def test_every_proxy_keeps_the_slo(zerowindow_run):
+        result = zerowindow_run("scenarios/sim-proxy-comparison.toml", repeats=2)
+        for name, arm in result.arms.items():
+            assert arm.figures["fast.ttft_p99_ms"] < 500, name
+
     def test_scenario_gates(zerowindow_run):
         zerowindow_run("scenarios/my-slo.toml", check=True)   # fails the test on a failed gate
 
 ``zerowindow_run(scenario, *, overrides=None, out=None, target_url=None, baseline=None,
-check=False)``:
+repeats=None, check=False)``:
 
 - ``scenario``: a scenario file (a relative path is taken from pytest's rootdir) or a
   :class:`~harness.Scenario`;
@@ -28,12 +36,13 @@ check=False)``:
 - ``target_url``: attach to a running server (default ``--zerowindow-target-url``);
 - ``baseline``: baseline file for relative gates (default
   ``<rootdir>/results/baselines/<scenario>.json``);
-- ``check``: fail the test, listing the failed gates, when the exit code is not 0.
+- ``repeats``: as ``zerowindow run --repeats``;
+- ``check``: fail the test, listing the failed runs and gates, when the exit code is not 0.
 
-An invalid scenario raises :class:`~harness.ScenarioError` and a missing baseline
-:class:`~harness.BaselineError`, both before anything starts. Each run's folder is
-added to the test's ``user_properties`` (``zerowindow_run_dir``), so pytest's own
-``--junitxml`` report names it.
+An invalid scenario, or a pair of options that does not compose, raises
+:class:`~harness.ScenarioError` and a missing baseline :class:`~harness.BaselineError`, both
+before anything starts. Each plan's folder is added to the test's ``user_properties``
+(``zerowindow_run_dir``), so pytest's own ``--junitxml`` report names it.
 """
 
 from __future__ import annotations
@@ -45,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:  # the harness is imported when a test uses the fixture, not at pytest start
-    from harness.lifecycle import RunResult
+    from harness.lifecycle import PlanResult
     from harness.scenario import Scenario
 
 
@@ -74,7 +83,7 @@ class ScenarioRunner:
         out = request.config.getoption("zerowindow_out")
         self._out = Path(out) if out else default_out
         self._target_url: str | None = request.config.getoption("zerowindow_target_url")
-        self.results: list[RunResult] = []
+        self.results: list[PlanResult] = []
 
     def __call__(
         self,
@@ -84,11 +93,12 @@ class ScenarioRunner:
         out: str | Path | None = None,
         target_url: str | None = None,
         baseline: str | Path | None = None,
+        repeats: int | None = None,
         check: bool = False,
-    ) -> RunResult:
+    ) -> PlanResult:
         from harness.gates import baseline_path
-        from harness.lifecycle import run_scenario
-        from harness.scenario import Scenario, load_scenario
+        from harness.lifecycle import run_plan
+        from harness.scenario import RunOptions, Scenario, load_scenario, make_plan, needs_baseline
 
         path: Path | None = None
         if isinstance(scenario, Scenario):
@@ -99,13 +109,15 @@ class ScenarioRunner:
             path = Path(scenario)
             path = path if path.is_absolute() else self._root / path
             config = load_scenario(path, overrides=overrides)
-        result = run_scenario(
-            config,
-            scenario_path=path,
-            out_root=Path(out) if out else self._out,
+        if baseline is None and needs_baseline(config.gates):
+            baseline = self._root / baseline_path(config.name)
+        options = RunOptions(
             target_url=target_url or self._target_url,
-            baseline=Path(baseline) if baseline else self._root / baseline_path(config.name),
+            baseline=Path(baseline) if baseline else None,
+            repeats=repeats,
         )
+        plan = make_plan(config, options, scenario_path=path)
+        result = run_plan(plan, out_root=Path(out) if out else self._out)
         self.results.append(result)
         self._request.node.user_properties.append(("zerowindow_run_dir", str(result.run_dir)))
         if check and result.exit_code != 0:
@@ -113,17 +125,24 @@ class ScenarioRunner:
         return result
 
 
-def failure_report(result: RunResult) -> str:
-    """Why a run did not pass, one line per problem: the run's failure and each failed gate."""
+def failure_report(result: PlanResult) -> str:
+    """Why a plan did not pass, one line per problem: each run that failed and each failed
+    gate (with its configuration, in a comparison)."""
     lines = [f"zerowindow run {result.run_dir} exited {result.exit_code}"]
-    if result.summary.failure:
-        lines.append(f"  run {result.summary.status}: {result.summary.failure}")
-    lines += [f"  gate {g.gate!r} failed: {g.reason}" for g in result.gates if not g.passed]
+    if result.failure and not result.runs:
+        lines.append(f"  {result.failure}")
+    for path, run in result.runs.items():
+        if run.summary.failure:
+            where = "run" if path == "." else f"run {path}"
+            lines.append(f"  {where} {run.summary.status}: {run.summary.failure}")
+    for name, arm in result.arms.items():
+        where = f"{name}: " if len(result.arms) > 1 else ""
+        lines += [f"  {where}gate {g.gate!r} failed: {g.reason}" for g in arm.gates if not g.passed]
     return "\n".join(lines)
 
 
 @pytest.fixture
 def zerowindow_run(request: pytest.FixtureRequest, tmp_path: Path) -> ScenarioRunner:
-    """Run a zerowindow scenario and return its :class:`~harness.RunResult` (see
+    """Run a zerowindow scenario and return its :class:`~harness.PlanResult` (see
     :mod:`harness.pytest_plugin`)."""
     return ScenarioRunner(request, tmp_path / "zerowindow")

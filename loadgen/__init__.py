@@ -32,6 +32,7 @@ from ._arrivals import (
     ConstantArrivals,
     GammaArrivals,
     PoissonArrivals,
+    RateArrivals,
 )
 from ._client import RequestSpec, stream_request
 from ._config import SATURATION_ENV, GroupRunConfig, UserGroupConfig
@@ -93,6 +94,7 @@ __all__ = [
     "ArrivalBase",
     "ArrivalConfig",
     "ConstantArrivals",
+    "RateArrivals",
     "GammaArrivals",
     "PoissonArrivals",
     "OpenLoopUser",

@@ -11,7 +11,7 @@ import pytest
 
 from harness.gates._baseline import BaselineError, load_baseline
 from harness.gates._evaluate import evaluate_gates
-from harness.outputs._junit import junit_xml
+from harness.outputs import junit_run, junit_xml
 from harness.outputs._step_summary import step_summary_markdown
 from harness.scenario import GateSyntaxError, ScenarioError, parse_gate, parse_scenario
 from tests.test_figures import _summary
@@ -178,7 +178,7 @@ def _results():
 
 def test_junit_has_one_case_per_gate_with_value_and_bound():
     summary, results = _results()
-    root = ET.fromstring(junit_xml(summary, results, run_dir=Path("/r")).tostring())
+    root = ET.fromstring(junit_xml([junit_run(summary, results, run_dir=Path("/r"), baseline=None)]).tostring())
     suite = root.find("testsuite")
     assert suite is not None and suite.get("name") == "zerowindow.s"
     assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("3", "1", "1")
@@ -194,7 +194,7 @@ def test_junit_has_one_case_per_gate_with_value_and_bound():
 def test_junit_reports_a_run_that_did_not_complete():
     summary, results = _results()
     summary = summary.model_copy(update={"status": "failed", "failure": "engine died"})
-    root = ET.fromstring(junit_xml(summary, [], run_dir=Path("/r")).tostring())
+    root = ET.fromstring(junit_xml([junit_run(summary, [], run_dir=Path("/r"), baseline=None)]).tostring())
     error = root.find("testsuite/testcase[@name='run']/error")
     assert error is not None and error.get("message") == "run failed: engine died"
 

@@ -2,6 +2,20 @@
 (TTFT, per-token ITL, inter-chunk latency, TPOT), the per-request tables, the summary, the
 verdicts, stalled streams, client saturation and the proxy comparison."""
 
+from harness.analysis._aggregate import (
+    ArmAggregate,
+    PlanRecord,
+    arm_aggregate,
+    arm_folder,
+    comparison_of,
+    is_plan_folder,
+    read_plan,
+    read_summary,
+    run_folders,
+    sweep_of,
+    swept_groups,
+    uncertainty_of,
+)
 from harness.analysis._analyze import (
     Analysis,
     RunFacts,
@@ -11,6 +25,7 @@ from harness.analysis._analyze import (
     write_analysis,
 )
 from harness.analysis._comparison import (
+    ArmFigures,
     Comparison,
     DistortionThresholds,
     buffering_distortion,
@@ -26,6 +41,13 @@ from harness.analysis._latency import (
     tpot,
 )
 from harness.analysis._saturation import saturation_summary
+from harness.analysis._sweep import (
+    SweepPoint,
+    SweepTable,
+    parse_goodput,
+    points_frame,
+    sweep_point,
+)
 from harness.analysis._uncertainty import (
     Difference,
     Estimate,
@@ -47,6 +69,24 @@ from harness.analysis._uncertainty import (
 from harness.analysis._verdicts import KvHeldVerdict, kv_held_verdict
 
 __all__ = [
+    "run_folders",
+    "sweep_point",
+    "points_frame",
+    "parse_goodput",
+    "SweepTable",
+    "SweepPoint",
+    "ArmFigures",
+    "uncertainty_of",
+    "sweep_of",
+    "swept_groups",
+    "read_summary",
+    "read_plan",
+    "is_plan_folder",
+    "comparison_of",
+    "arm_folder",
+    "arm_aggregate",
+    "PlanRecord",
+    "ArmAggregate",
     "Analysis",
     "Difference",
     "Estimate",

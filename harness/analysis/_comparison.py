@@ -1,7 +1,8 @@
 """Proxy configurations side by side: the comparison tables and the buffering-distortion flag.
 
-Input: the :class:`~harness.runfolder.RunSummary` of each configuration of one comparison run
-(same workload, same target), in scenario order. Output:
+Input: the figures of each configuration of one comparison (same workload, same target), in
+scenario order: one run's summary, or the estimates over the configuration's repeats
+(:class:`ArmFigures`). Output:
 
 - ``groups``: one row per (configuration, user group): outcomes, TTFT, per-token ITL and
   inter-chunk latency percentiles, and for stalled streams the time from stall onset to the
@@ -26,13 +27,13 @@ unreliable), the verdict is ``not_evaluated``.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
-from harness.runfolder import ProxySummary, RunSummary, to_builtin
+from harness.runfolder import RunSummary, figures, to_builtin
 
 GROUP_COLUMNS = [
     "configuration", "group", "requests", "outcomes",
@@ -41,6 +42,7 @@ GROUP_COLUMNS = [
     "stalled", "cut_seen", "cut_rst", "stall_to_cut_p50_ms", "stall_to_cut_max_ms",
     "engine_aborted", "stall_to_abort_p50_ms", "stall_to_abort_max_ms",
 ]  # fmt: skip
+COUNT_COLUMNS = ("requests", "stalled", "cut_seen", "cut_rst", "engine_aborted")
 CONFIG_COLUMNS = [
     "configuration", "kind", "status", "generation_tokens", "undelivered_tokens",
     "undelivered_tokens_per_stalled", "kv_cache_usage_peak_perc", "preemptions",
@@ -62,18 +64,28 @@ class DistortionThresholds(BaseModel):
 @dataclass(frozen=True)
 class Comparison:
     """The comparison of one run: see the module docstring. ``baseline`` is the name of the
-    ``none`` configuration (or ``None``); ``healthy_groups`` the groups the flag looks at."""
+    ``none`` configuration (or ``None``); ``healthy_groups`` the groups the flag looks at;
+    ``intervals`` per configuration the intervals of the group rows' latencies (ms)
+    (``<group>.<column>`` -> low, high), ``repeats`` how many runs each configuration had."""
 
     groups: pd.DataFrame
     configurations: pd.DataFrame
     distortion: list[dict[str, Any]]
     baseline: str | None
     healthy_groups: list[str]
+    intervals: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)
+    repeats: dict[str, int] = field(default_factory=dict)
+
+    def interval(self, configuration: str, figure: str) -> tuple[float, float] | None:
+        """The interval of ``figure`` (``fast.ttft_p50_ms``) in ``configuration``, if any."""
+        return self.intervals.get(configuration, {}).get(figure)
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "baseline": self.baseline,
             "healthy_groups": self.healthy_groups,
+            "repeats": self.repeats,
+            "intervals": {c: {f: list(s) for f, s in v.items()} for c, v in self.intervals.items()},
             "groups": _records(self.groups),
             "configurations": _records(self.configurations),
             "distortion": self.distortion,
@@ -85,44 +97,86 @@ def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
     return [to_builtin(r) for r in clean.to_dict(orient="records")]
 
 
-def group_rows(summaries: dict[str, RunSummary]) -> pd.DataFrame:
+@dataclass(frozen=True)
+class ArmFigures:
+    """What the comparison takes of one configuration: its ``figures`` (one run's
+    :func:`~harness.runfolder.figures`, or the estimates over its repeats), its user groups
+    (``groups``, in the summary's order), ``status`` (``complete`` when every run completed),
+    whether its load generator was ``saturated`` in any run, the proxy's kind and cuts by
+    reason (mean over the runs), ``repeats``, how many runs the figures stand for, and the
+    ``intervals`` of its figures (figure name -> low, high) where it has them."""
+
+    figures: Mapping[str, float | None]
+    groups: list[str]
+    status: str = "complete"
+    saturated: bool = False
+    proxy_kind: str | None = None
+    cut_reasons: Mapping[str, float] = field(default_factory=dict)
+    repeats: int = 1
+    intervals: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, summary: RunSummary) -> ArmFigures:
+        """The figures of one run's summary."""
+        return cls(
+            figures=figures(summary),
+            groups=[g.group for g in summary.groups],
+            status=summary.status,
+            saturated=summary.client_saturation.saturated,
+            proxy_kind=summary.proxy.kind if summary.proxy else None,
+            cut_reasons=dict(summary.proxy.cut_reasons) if summary.proxy else {},
+        )
+
+
+def _outcomes(figs: Mapping[str, float | None], group: str) -> str:
+    prefix = f"{group}.outcome."
+    counts = {k.removeprefix(prefix): v for k, v in figs.items() if k.startswith(prefix) and v}
+    return ", ".join(f"{k} {v:g}" for k, v in sorted(counts.items()))
+
+
+def _count(value: float | None) -> float | int | None:
+    """A count as an ``int`` when it is whole (one run's; a mean over repeats may not be)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def group_rows(arms: Mapping[str, ArmFigures]) -> pd.DataFrame:
     """One row per (configuration, group), columns :data:`GROUP_COLUMNS`."""
     rows = []
-    for name, s in summaries.items():
-        for g in s.groups:
-            row = {c: getattr(g, c, None) for c in GROUP_COLUMNS}
-            row["configuration"] = name
-            row["outcomes"] = ", ".join(f"{k} {v}" for k, v in sorted(g.outcomes.items()))
+    for name, arm in arms.items():
+        for group in arm.groups:
+            row: dict[str, Any] = {c: arm.figures.get(f"{group}.{c}") for c in GROUP_COLUMNS}
+            row.update({c: _count(row[c]) for c in COUNT_COLUMNS})
+            row.update(configuration=name, group=group, outcomes=_outcomes(arm.figures, group))
             rows.append(row)
     return pd.DataFrame(rows, columns=GROUP_COLUMNS)
 
 
-def config_rows(summaries: dict[str, RunSummary]) -> pd.DataFrame:
+def config_rows(arms: Mapping[str, ArmFigures]) -> pd.DataFrame:
     """One row per configuration, columns :data:`CONFIG_COLUMNS`."""
     rows = []
-    for name, s in summaries.items():
-        p = s.proxy
-        stalled = sum(g.stalled for g in s.groups)
-        wasted = s.server.undelivered_tokens
+    for name, arm in arms.items():
+        f = arm.figures
+        stalled = sum(f.get(f"{g}.stalled") or 0 for g in arm.groups if "." not in g)
+        wasted = f.get("server.undelivered_tokens")
         rows.append(
             {
                 "configuration": name,
-                "kind": p.kind if p else None,
-                "status": s.status,
-                "generation_tokens": s.server.generation_tokens,
+                "kind": arm.proxy_kind,
+                "status": arm.status,
+                "generation_tokens": f.get("server.generation_tokens"),
                 "undelivered_tokens": wasted,
                 "undelivered_tokens_per_stalled": wasted / stalled
                 if wasted is not None and stalled
                 else None,
-                "kv_cache_usage_peak_perc": s.server.kv_cache_usage_peak_perc,
-                "preemptions": s.server.preemptions,
-                "proxy_rss_peak_bytes": p.rss_peak_bytes if p else None,
-                "proxy_buffered_peak_bytes": p.buffered_peak_bytes if p else None,
-                "stream_buffered_peak_mean_bytes": p.stream_buffered_peak_mean_bytes if p else None,
-                "client_send_q_peak_bytes": p.client_send_q_peak_bytes if p else None,
-                "upstream_recv_q_peak_bytes": p.upstream_recv_q_peak_bytes if p else None,
-                "proxy_cuts": _cuts(p) if p else None,
-                "proxy_upstream_aborts": p.upstream_aborts if p else None,
+                "kv_cache_usage_peak_perc": f.get("server.kv_cache_usage_peak_perc"),
+                "preemptions": f.get("server.preemptions"),
+                "proxy_rss_peak_bytes": f.get("proxy.rss_peak_bytes"),
+                "proxy_buffered_peak_bytes": f.get("proxy.buffered_peak_bytes"),
+                "stream_buffered_peak_mean_bytes": f.get("proxy.stream_buffered_peak_mean_bytes"),
+                "client_send_q_peak_bytes": f.get("proxy.client_send_q_peak_bytes"),
+                "upstream_recv_q_peak_bytes": f.get("proxy.upstream_recv_q_peak_bytes"),
+                "proxy_cuts": _cuts(f.get("proxy.cuts"), arm.cut_reasons),
+                "proxy_upstream_aborts": f.get("proxy.upstream_aborts"),
             }
         )
     return pd.DataFrame(rows, columns=CONFIG_COLUMNS)
@@ -135,12 +189,12 @@ def _positive(value: Any) -> float | None:
     return float(value)
 
 
-def _cuts(proxy: ProxySummary) -> str | None:
+def _cuts(cuts: float | None, reasons: Mapping[str, float]) -> str | None:
     """``"3 (overflow 3)"``: the egress buffer's cuts and their reasons."""
-    if proxy.cuts is None:
+    if cuts is None:
         return None
-    reasons = ", ".join(f"{k} {v:g}" for k, v in proxy.cut_reasons.items())
-    return f"{proxy.cuts:g}" + (f" ({reasons})" if reasons else "")
+    text = ", ".join(f"{k} {v:g}" for k, v in reasons.items())
+    return f"{cuts:g}" + (f" ({text})" if text else "")
 
 
 def buffering_distortion(
@@ -240,27 +294,37 @@ def buffering_distortion(
 
 
 def compare(
-    summaries: dict[str, RunSummary],
+    arms: Mapping[str, ArmFigures | RunSummary],
     *,
     kinds: Mapping[str, str],
     healthy_groups: list[str],
     thresholds: DistortionThresholds | None = None,
 ) -> Comparison:
-    """Build the :class:`Comparison` of ``summaries`` (configuration name -> summary, in run
-    order). ``kinds`` maps configuration names to proxy kinds; the first ``none`` one is the
-    baseline."""
-    baseline = next((n for n in summaries if kinds.get(n) == "none"), None)
-    groups = group_rows(summaries)
+    """Build the :class:`Comparison` of ``arms`` (configuration name -> its figures, or one
+    run's summary; in run order). ``kinds`` maps configuration names to proxy kinds; the first
+    ``none`` one is the baseline."""
+    figs = {n: a if isinstance(a, ArmFigures) else ArmFigures.of(a) for n, a in arms.items()}
+    baseline = next((n for n in figs if kinds.get(n) == "none"), None)
+    groups = group_rows(figs)
     return Comparison(
         groups=groups,
-        configurations=config_rows(summaries),
+        configurations=config_rows(figs),
         distortion=buffering_distortion(
             groups,
             baseline=baseline,
             healthy_groups=healthy_groups,
             thresholds=thresholds,
-            saturated={n for n, s in summaries.items() if s.client_saturation.saturated},
+            saturated={n for n, a in figs.items() if a.saturated},
         ),
         baseline=baseline,
         healthy_groups=healthy_groups,
+        intervals={
+            n: {
+                f"{g}.{c}": a.intervals[f"{g}.{c}"]
+                for g in a.groups for c in GROUP_COLUMNS
+                if c.endswith("_ms") and f"{g}.{c}" in a.intervals
+            }
+            for n, a in figs.items()
+        },  # fmt: skip
+        repeats={n: a.repeats for n, a in figs.items()},
     )

@@ -8,7 +8,6 @@ from harness.gates._baseline import (
     baseline_path,
     load_baseline,
     read_summary,
-    repeat_dirs,
     save_baseline,
 )
 from harness.gates._evaluate import (
@@ -34,7 +33,6 @@ __all__ = [
     "evaluate_gates",
     "load_baseline",
     "read_summary",
-    "repeat_dirs",
     "save_baseline",
     "wants_rerun",
 ]

@@ -30,8 +30,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
-from harness.analysis import Evidence, evidence_of, pooled_figures
-from harness.runfolder import REPEATS_JSON, RunSummary, read_json, read_parquet
+from harness.analysis import Evidence, evidence_of, pooled_figures, run_folders
+from harness.runfolder import PLAN_JSON, RUN_JSON, RunSummary, read_parquet
 from zwcore import RunFolderError
 
 # Where baselines live, relative to the directory `zerowindow` runs from (committed to git).
@@ -90,18 +90,6 @@ def read_summary(run_dir: Path) -> RunSummary:
         ) from None
 
 
-def repeat_dirs(run_dir: Path) -> list[Path]:
-    """The run folders of ``run_dir``: its repeats' (``repeats.json``), in order, or itself.
-    Raises :class:`BaselineError` for a ``repeats.json`` that cannot be read."""
-    if not (run_dir / REPEATS_JSON).exists():
-        return [run_dir]
-    try:
-        names = read_json(run_dir / REPEATS_JSON)["runs"]
-    except (RunFolderError, KeyError, TypeError) as exc:
-        raise BaselineError(f"{run_dir / REPEATS_JSON}: not a repeats record: {exc}") from None
-    return [run_dir / str(n) for n in names]
-
-
 def save_baseline(
     run_dir: Path, dest: Path | None = None, *, allow_incomplete: bool = False
 ) -> Path:
@@ -113,7 +101,10 @@ def save_baseline(
     no valid ``summary.json``, if a run did not complete (unless ``allow_incomplete``), or if
     the files cannot be written.
     """
-    dirs = repeat_dirs(run_dir)
+    try:
+        dirs = run_folders(run_dir)
+    except RunFolderError as exc:
+        raise BaselineError(str(exc)) from None
     for one in dirs:
         summary = read_summary(one)
         if summary.status != "complete" and not allow_incomplete:
@@ -126,17 +117,22 @@ def save_baseline(
     except RunFolderError as exc:
         raise BaselineError(str(exc)) from None
     run_dir = dirs[0] if len(dirs) == 1 else run_dir
-    record = run_dir / ("run.json" if len(dirs) == 1 else REPEATS_JSON)
-    try:
-        info = json.loads(record.read_text())
-    except (OSError, ValueError):
-        info = {}
+    # Where the run (or the plan its repeats belong to) recorded where and when it ran.
+    places = [run_dir / RUN_JSON] if len(dirs) == 1 else [run_dir / PLAN_JSON, dirs[0] / RUN_JSON]
+    info: dict[str, Any] = {}
+    for record in places:
+        try:
+            info = json.loads(record.read_text())
+            break
+        except (OSError, ValueError):
+            continue
+    plan = info.get("plan") or {}
     provenance = {
         "run_dir": str(run_dir.resolve()),
         "saved_utc": datetime.now(UTC).isoformat(),
         "run_started_utc": info.get("started_utc"),
         "status": summary.status,
-        "scenario_path": info.get("scenario_path"),
+        "scenario_path": info.get("scenario_path", plan.get("scenario_path")),
         "versions": info.get("versions"),
         "host": info.get("host"),
         "repeats": len(dirs),

@@ -1,16 +1,15 @@
-"""The end of every run, and all of ``zerowindow analyze``: analysis → gates → outputs.
+"""The end of every run, and ``zerowindow analyze RUN_DIR``: analysis → gates → outputs.
 
 :func:`conclude` takes a run folder and its life cycle's :class:`~harness.analysis.RunFacts`,
-analyses it, evaluates the gates, decides the exit code (:func:`exit_code`, the one place that
-does), writes ``summary.json``, ``gates.json``, ``junit.xml``, the end of ``run.json`` and the
-report. Each stage takes what the one before produced and writes nothing back.
+analyses it, evaluates the gates, takes the exit code from the one policy
+(``harness.lifecycle._exit``), and writes ``summary.json``, ``gates.json``, ``junit.xml``, the
+end of ``run.json`` and the report. Each stage takes what the one before produced and writes
+nothing back.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -25,58 +24,23 @@ from harness.analysis import (
 )
 from harness.gates import (
     Baseline,
-    GateResult,
     baseline_path,
     evaluate_gates,
     load_baseline,
 )
-from harness.outputs import report_or_warning, write_junit
+from harness.lifecycle._exit import EXIT_SETUP, exit_code
+from harness.lifecycle._results import RunResult
+from harness.outputs import junit_run, report_or_warning, write_junit
 from harness.runfolder import (
     BASELINE_JSON,
     GATES_JSON,
+    JUNIT_XML,
     RUN_JSON,
-    RunSummary,
     figures,
     read_json,
     write_json,
 )
 from harness.scenario import Gate, needs_baseline
-
-# Exit codes of `zerowindow run` and `zerowindow analyze` (docs/ci.md).
-EXIT_OK, EXIT_FAILED, EXIT_SETUP, EXIT_INTERRUPTED = 0, 1, 2, 130
-
-
-@dataclass
-class RunResult:
-    """What a run produced: its folder, summary, the exit code `zerowindow run` returns, the
-    scenario's gates evaluated and the baseline file they used (if any)."""
-
-    run_dir: Path
-    summary: RunSummary
-    exit_code: int
-    gates: list[GateResult] = field(default_factory=list)
-    baseline: Path | None = None
-
-    @property
-    def figures(self) -> dict[str, float | None]:
-        """The run's figures by name (see :mod:`harness.runfolder`)."""
-        return figures(self.summary)
-
-    @property
-    def gates_passed(self) -> bool:
-        """Whether every gate passed (true when there are none)."""
-        return all(g.passed for g in self.gates)
-
-
-def exit_code(status: str, *, setup_failed: bool, gates: Sequence[GateResult]) -> int:
-    """The exit code of a run: 130 interrupted; 2 failed before the load started
-    (``setup_failed``); 1 failed while running, or complete with a failed gate; 0 complete
-    with every gate passed."""
-    if status == "interrupted":
-        return EXIT_INTERRUPTED
-    if status != "complete":
-        return EXIT_SETUP if setup_failed else EXIT_FAILED
-    return EXIT_OK if all(g.passed for g in gates) else EXIT_FAILED
 
 
 def conclude(
@@ -126,7 +90,10 @@ def conclude(
     )
     if keep_baseline and baseline is not None:
         write_json(run_dir / BASELINE_JSON, baseline[1].model_dump(mode="json"))
-    write_junit(run_dir / "junit.xml", summary, results, run_dir=run_dir, baseline=result.baseline)
+    write_junit(
+        run_dir / JUNIT_XML,
+        [junit_run(summary, results, run_dir=run_dir, baseline=result.baseline)],
+    )
     info.update(
         facts.as_dict(),
         status=summary.status,
@@ -149,7 +116,7 @@ def conclude(
     return result
 
 
-def reanalyze(
+def reanalyze_run(
     run_dir: Path, *, baseline: tuple[Path, Baseline] | None = None, use_baseline: bool = True
 ) -> RunResult:
     """``zerowindow analyze RUN_DIR``: :func:`conclude` again on a run folder written by an
@@ -167,14 +134,14 @@ def reanalyze(
     setup_failed = bool(info.get("setup_failed", info.get("exit_code") == EXIT_SETUP))
     skip = not use_baseline
     if use_baseline and baseline is None and needs_baseline(facts.scenario.gates):
-        baseline, skip = _recorded_baseline(run_dir, facts.scenario.name)
+        baseline, skip = recorded_baseline(run_dir, facts.scenario.name)
     return conclude(
         run_dir, facts, info, setup_failed=setup_failed, baseline=baseline, skip_relative=skip,
         keep_baseline=False,
     )  # fmt: skip
 
 
-def _recorded_baseline(run_dir: Path, scenario: str) -> tuple[tuple[Path, Baseline] | None, bool]:
+def recorded_baseline(run_dir: Path, scenario: str) -> tuple[tuple[Path, Baseline] | None, bool]:
     """The baseline the run was gated against, and whether it skipped relative gates."""
     if (copy := run_dir / BASELINE_JSON).exists():
         return (copy, load_baseline(copy)), False

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.gates import save_baseline
-from harness.lifecycle._repeats import RepeatsResult, run_repeats
-from harness.scenario import Scenario
+from harness.lifecycle._plan_run import run
+from harness.lifecycle._results import PlanResult
+from harness.scenario import RunOptions, Scenario
 
 
 @dataclass
@@ -31,7 +32,7 @@ class Experiment:
     verdicts: dict[str, Counter[str]] = field(default_factory=dict)
     runs: list[Path] = field(default_factory=list)
 
-    def add(self, result: RepeatsResult) -> None:
+    def add(self, result: PlanResult) -> None:
         self.trials += 1
         self.failed += any(g.verdict == "fail" for g in result.gates)
         self.runs.append(result.run_dir)
@@ -68,12 +69,14 @@ def run_gate_trials(
     """Run ``trials`` seeded trials (module docstring) of ``candidate`` (A/B) and ``baseline``
     (A/A) against a baseline saved from ``baseline``, under ``out_root``. Never raises for a
     run that fails: the trial is listed in :attr:`GateTrials.errors`. Raises what
-    :func:`~harness.lifecycle.run_repeats` raises before a run starts."""
+    :func:`~harness.lifecycle.run` raises before a run starts."""
     out = GateTrials()
     for i in range(first_seed, first_seed + trials):
         folder = out_root / f"trial-{i}"
-        ref = run_repeats(
-            baseline.model_copy(update={"seed": i}), out_root=folder / "base", use_baseline=False
+        ref = run(
+            baseline.model_copy(update={"seed": i}),
+            RunOptions(use_baseline=False),
+            out_root=folder / "base",
         )
         if ref.exit_code != 0:
             out.errors.append(f"trial {i}: the baseline run failed: {ref.failure}")
@@ -83,16 +86,16 @@ def run_gate_trials(
             ("A/A", baseline, out.same),
             ("A/B", candidate, out.changed),
         ):
-            run = run_repeats(
+            done = run(
                 scenario.model_copy(update={"seed": i}),
+                RunOptions(baseline=base),
                 out_root=folder / name.replace("/", ""),
-                baseline=base,
             )
-            if any(r.summary.status != "complete" for r in run.runs) or not run.runs:
-                out.errors.append(f"trial {i} {name}: a run did not complete: {run.failure}")
+            if any(r.summary.status != "complete" for r in done.runs.values()) or not done.runs:
+                out.errors.append(f"trial {i} {name}: a run did not complete: {done.failure}")
                 continue
-            experiment.add(run)
+            experiment.add(done)
             if progress is not None:
-                verdicts = ", ".join(g.verdict for g in run.gates)
+                verdicts = ", ".join(g.verdict for g in done.gates)
                 progress(f"trial {i} {name}: {verdicts}")
     return out

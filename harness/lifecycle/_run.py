@@ -1,10 +1,10 @@
-"""The run orchestrator: target, collectors and load processes for one scenario.
+"""The life cycle of one run: target, collectors and load processes for one scenario.
 
-``run_scenario`` creates the run folder, starts the target, the collectors and one Locust
-process per user group, waits for the load to finish (or the engine to die, the time bound to
-pass, or SIGINT/SIGTERM), then releases everything in one ``finally`` and writes what was
-measured: tables, ``summary.json`` and ``run.json`` with the status and, if any, the reason
-the run failed.
+:class:`RunLifecycle` starts the target (or uses the one a series started), the proxy, the
+collectors and one Locust process per user group, waits for the load to finish (or the
+engine to die, the time bound to pass, or SIGINT/SIGTERM), then releases everything in one
+``finally`` and writes what was measured: tables, ``summary.json`` and ``run.json`` with the
+status and, if any, the reason the run failed.
 """
 
 from __future__ import annotations
@@ -29,14 +29,13 @@ from harness.collectors import (
     SocketSampler,
     collect_engine_tables,
 )
-from harness.lifecycle._conclude import RunResult, conclude
 from harness.lifecycle._distributed import (
     EXPECT_WORKERS_MAX_WAIT_S,
     Distribution,
     start_distributed_load,
     worker_reports,
 )
-from harness.lifecycle._inputs import baseline_for, url_target
+from harness.lifecycle._inputs import url_target
 from harness.lifecycle._loadrun import LoadProcess, release_vanished, start_load
 from harness.lifecycle._netrun import RunNetwork, plan_network, start_target
 from harness.lifecycle._placement import Placement, pinned_to_load, place_target, plan_placement
@@ -390,74 +389,3 @@ def open_run_dir(out_root: Path, scenario: Scenario, scenario_path: Path | None)
         shutil.copyfile(scenario_path, run_dir / SCENARIO_TOML)
     keep_plugins(run_dir, scenario.plugins)
     return run_dir
-
-
-def run_scenario(
-    scenario: Scenario,
-    *,
-    scenario_path: Path | None = None,
-    out_root: Path = Path("results"),
-    target_url: str | None = None,
-    baseline: Path | None = None,
-    use_baseline: bool = True,
-    progress: RunProgress | None = None,
-    distribution: Distribution | None = None,
-) -> RunResult:
-    """Run ``scenario`` and write its run folder under ``out_root/<name>/<UTC timestamp>/``.
-
-    ``target_url`` attaches to a running server instead of the scenario's target. When a gate
-    refers to ``baseline``, the baseline file ``baseline`` (default
-    ``results/baselines/<name>.json``) is loaded before anything starts; with
-    ``use_baseline=False`` none is loaded and relative gates are reported as skipped (the first
-    run of a scenario, to be saved as its baseline). ``progress`` shows the
-    run live (see :mod:`harness.lifecycle._progress`). ``distribution`` runs each group as a Locust
-    master with workers (see :class:`~harness.lifecycle.Distribution`); a worker that dies
-    fails the run (exit 1). Never raises for failures of the target or the
-    load: they are recorded in ``run.json`` and ``summary.json`` and reflected in
-    :attr:`RunResult.exit_code` (0 complete and every gate passed, 1 failed during the run or a
-    gate failed, 2 could not start, 130 interrupted by SIGINT/SIGTERM). The gates are written
-    to ``gates.json`` and ``junit.xml``. Raises :class:`ScenarioError` for an invalid
-    ``target_url`` or for a target the
-    run cannot start inside its server namespace when the scenario needs one, or for a
-    ``[placement]`` naming CPUs that are not usable, and :class:`~harness.BaselineError` for a
-    baseline that is needed but missing or invalid, and
-    :class:`~harness.lifecycle.DistributedError` for ``distribution`` with remote workers or a
-    non-loopback master address combined with network profiles (there each group's master and
-    its workers run in the group's namespace), all before anything starts. The target's
-    processes and the load run on disjoint CPU sets when ``[placement]`` allows (run.json's
-    ``placement`` says what was done).
-    """
-    plan = plan_run(scenario, target_url=target_url, distribution=distribution)
-    scenario, target, network, placement = plan.scenario, plan.target, plan.network, plan.placement
-    base = baseline_for(scenario, baseline, use=use_baseline)
-    run_dir = open_run_dir(out_root, scenario, scenario_path)
-    run = RunLifecycle(
-        scenario,
-        scenario_path,
-        run_dir,
-        target,
-        network=network,
-        distribution=distribution,
-        placement=placement,
-    )
-    run.progress = progress
-    if progress is not None:
-        progress.start(
-            scenario=scenario.name,
-            run_dir=run_dir,
-            groups=[g.name for g in scenario.groups],
-            max_duration_s=scenario.max_duration_s,
-        )
-    try:
-        facts = run.execute()
-    finally:
-        if progress is not None:
-            progress.stop()
-    return conclude(
-        run_dir,
-        facts,
-        run.info,
-        setup_failed=run.setup_failed,
-        baseline=base,
-        skip_relative=not use_baseline,
-    )

@@ -1,15 +1,15 @@
-"""A series of runs against one target: what a proxy comparison and a sweep share.
+"""The runs of a plan of several against one target (repeats, control runs, a comparison, a
+sweep): one set-up, one warm-up, then one run after another.
 
 :func:`run_series` plans the scenario's network (if it needs one), starts the target once
 (inside the server's namespace when there is a network), sends :data:`WARMUP_REQUESTS` short
 requests straight to it (vLLM's first requests after start are several times slower, and the
 first run must not alone pay for them), then hands a :class:`Series` to the caller's body,
-which runs variants of the scenario one after another (:meth:`Series.run`: each waits until
-the engine is idle, runs into ``<run>/<name>/`` as a complete run folder, and leaves the
-target running). Whatever happens, the target is stopped, the network released, the engine's
-tables brought into ``<run>/`` and ``<run>/<record>`` written (``comparison-run.json``,
-``sweep-run.json``): scenario, versions, host, placement, warm-up, idle waits, network,
-target, exit code and failure.
+which runs the plan's runs one after another (:meth:`Series.run`: each waits until the engine
+is idle, runs into its folder as a complete run folder, and leaves the target running).
+Whatever happens, the target is stopped, the network released, the engine's tables brought
+into the plan's folder, and ``plan.json`` written: the plan, the runs it made, versions,
+host, placement, warm-up, idle waits, network, target, and why it stopped early, if it did.
 """
 
 from __future__ import annotations
@@ -23,23 +23,19 @@ from typing import Any
 
 import httpx
 
+from harness.analysis import PlanRecord
 from harness.collectors import collect_engine_tables, parse_vllm_metrics
-from harness.lifecycle._conclude import (
-    EXIT_FAILED,
-    EXIT_INTERRUPTED,
-    EXIT_OK,
-    EXIT_SETUP,
-    RunResult,
-    conclude,
-)
+from harness.lifecycle._conclude import conclude
 from harness.lifecycle._distributed import Distribution
 from harness.lifecycle._netrun import start_target
 from harness.lifecycle._placement import pinned_to_load, place_target
-from harness.lifecycle._run import RunLifecycle, RunPlan, open_run_dir, plan_run
+from harness.lifecycle._progress import RunProgress
+from harness.lifecycle._results import RunResult
+from harness.lifecycle._run import RunLifecycle, RunPlan
 from harness.lifecycle._runinfo import host_facts, versions
 from harness.lifecycle._signals import RunInterrupted, signals_raise
-from harness.runfolder import write_json
-from harness.scenario import NamedProxyConfig, Scenario
+from harness.runfolder import PLAN_JSON, keep_plugins, write_json
+from harness.scenario import NamedProxyConfig, Plan, RunEntry, Scenario
 from loadgen import RequestSpec, build_prompt, prompt_seed, stream_request
 from zwcore import NetworkError, TargetError
 
@@ -48,75 +44,69 @@ WARMUP_REQUESTS = 3
 
 
 @dataclass
-class SeriesResult:
-    """What a series produced: the parent folder, each run (by name, in run order), the exit
-    code (0 all complete, 1 one failed, 2 the target could not start, 130 interrupted) and
-    why it is not 0."""
-
-    run_dir: Path
-    runs: dict[str, RunResult] = field(default_factory=dict)
-    exit_code: int = EXIT_OK
-    failure: str | None = None
-
-
-@dataclass
 class Series:
-    """The running target of a series (as :func:`plan_run` planned it, started in
-    ``run_dir``); :meth:`run` runs one variant of the scenario. ``info`` is the series's
-    record, ``result`` what it produced so far."""
+    """The running target of a plan's series (as :func:`~harness.lifecycle._run.plan_run`
+    planned it, started in ``run_dir``); :meth:`run` runs one run of the plan. ``record`` is
+    what ``plan.json`` will say, ``results`` each run's result by its path."""
 
-    plan: RunPlan
-    scenario_path: Path | None
+    plan: Plan
+    setup: RunPlan
     run_dir: Path
     distribution: Distribution | None
-    result: SeriesResult
-    info: dict[str, Any]
+    record: PlanRecord
+    results: dict[str, RunResult] = field(default_factory=dict)
 
     @property
     def scenario(self) -> Scenario:
-        return self.plan.scenario
+        """The scenario as it runs (``--target-url`` and the network applied)."""
+        return self.setup.scenario
 
     def run(
         self,
-        name: str,
+        entry: RunEntry,
         scenario: Scenario | None = None,
         proxy: NamedProxyConfig | None = None,
-        *,
-        fail_on_gates: bool = True,
     ) -> RunResult:
         """Run ``scenario`` (default: the series's own) through ``proxy`` (default: the
-        scenario's ``proxy``) into ``<run>/<name>/``, once the engine is idle. A run that
-        failed, or failed a gate when ``fail_on_gates``, makes the series's exit code 1; raises
+        scenario's ``proxy``) into ``<run>/<entry.path>/``, once the engine is idle. Raises
         :class:`~harness.lifecycle._signals.RunInterrupted` when the run was interrupted and
         :class:`~zwcore.TargetError` when the target died before it."""
-        target = self.plan.target
+        target = self.setup.target
         if reason := target.failure():
             raise TargetError(reason)
-        self.info["idle_wait_s"][name] = wait_idle(target.base_url)
-        sub_dir = self.run_dir / name
-        sub_dir.mkdir()
+        self.record.info["idle_wait_s"][entry.path] = wait_idle(target.base_url)
+        sub_dir = self.run_dir / entry.path
+        sub_dir.mkdir(parents=True)
+        variant = scenario or self.scenario
+        keep_plugins(sub_dir, variant.plugins)
+        path = self.plan.scenario_path
         run = RunLifecycle(
-            scenario or self.scenario,
-            self.scenario_path,
+            variant,
+            None if path is None else Path(path),
             sub_dir,
             target,
             proxy=proxy,
             manage_target=False,
-            network=self.plan.network,
+            network=self.setup.network,
             distribution=self.distribution,
-            placement=self.plan.placement,
+            placement=self.setup.placement,
         )
-        facts = run.execute()
+        if self.plan.options.progress:
+            run.progress = RunProgress()
+            run.progress.start(
+                scenario=f"{variant.name} {entry.path}", run_dir=sub_dir,
+                groups=[g.name for g in variant.groups], max_duration_s=variant.max_duration_s,
+            )  # fmt: skip
+        try:
+            facts = run.execute()
+        finally:
+            if run.progress is not None:
+                run.progress.stop()
         outcome = conclude(sub_dir, facts, run.info, setup_failed=run.setup_failed)
-        self.result.runs[name] = outcome
-        if outcome.exit_code == EXIT_INTERRUPTED:
+        self.record.runs.append(entry)
+        self.results[entry.path] = outcome
+        if facts.status == "interrupted":
             raise RunInterrupted("signal")
-        failed = outcome.summary.status != "complete"
-        if outcome.exit_code != EXIT_OK and (fail_on_gates or failed):
-            self.result.exit_code = EXIT_FAILED
-            failed_gates = [g.gate for g in outcome.gates if not g.passed]
-            reason = outcome.summary.failure or f"gates failed: {', '.join(failed_gates)}"
-            self.result.failure = f"{name}: {reason}"
         return outcome
 
 
@@ -165,68 +155,56 @@ def warm_up(base_url: str, model: str, *, requests: int = WARMUP_REQUESTS) -> li
 
 
 def run_series(
-    scenario: Scenario,
+    plan: Plan,
+    setup: RunPlan,
+    run_dir: Path,
     body: Callable[[Series], None],
     *,
-    record: str,
-    scenario_path: Path | None = None,
-    out_root: Path = Path("results"),
-    target_url: str | None = None,
     distribution: Distribution | None = None,
-    info: dict[str, Any] | None = None,
-) -> SeriesResult:
-    """Start ``scenario``'s target once and call ``body`` with the :class:`Series` (module
-    docstring), under ``out_root/<name>/<UTC timestamp>/``; ``record`` names the series's own
-    JSON file there, ``info`` adds to it. Never raises for failures of the target, the
-    network or the runs (they end up in the record and the exit code). Raises, before anything
-    starts, :class:`~harness.scenario._models.ScenarioError` for an invalid ``target_url`` or
-    a network the target cannot join, and
-    :class:`~harness.lifecycle.DistributedError` for ``distribution`` with remote workers (they
-    quit with their master after the first run) or, with a network, a master address other
-    than loopback."""
-    if distribution is not None:
-        distribution.check_for_series()
-    plan = plan_run(scenario, target_url=target_url, distribution=distribution)
-    scenario, target, network, placement = plan.scenario, plan.target, plan.network, plan.placement
-    run_dir = open_run_dir(out_root, scenario, scenario_path)
+) -> Series:
+    """Start ``setup``'s target once and call ``body`` with the :class:`Series` (module
+    docstring), in ``run_dir``. Never raises for failures of the target, the network or the
+    runs: ``plan.json``'s ``status`` (``complete``, ``failed``, ``interrupted``),
+    ``setup_failed`` (nothing ran: the stack did not start) and ``failure`` say what
+    happened."""
+    target, network, placement = setup.target, setup.network, setup.placement
     place_target(placement, target.processes())
-    result = SeriesResult(run_dir)
-    facts: dict[str, Any] = {
-        "scenario": scenario.model_dump(mode="json"),
-        **(info or {}),
+    info: dict[str, Any] = {
         "versions": versions(),
         "host": host_facts(),
         "started_utc": datetime.now(UTC).isoformat(),
         "idle_wait_s": {},
         "placement": placement.describe(),
+        "status": "running",
     }
-    series = Series(plan, scenario_path, run_dir, distribution, result, facts)
+    series = Series(plan, setup, run_dir, distribution, PlanRecord(plan, [], info))
+    write_json(run_dir / PLAN_JSON, series.record.as_dict())
+    status, failure, setup_failed = "complete", None, False
     with signals_raise(), pinned_to_load(placement):
         try:
             start_target(target, network, run_dir)
-            facts["warmup"] = warm_up(target.base_url, target.served_model_name)
+            info["warmup"] = warm_up(target.base_url, target.served_model_name)
             body(series)
         except RunInterrupted as exc:
-            result.exit_code, result.failure = EXIT_INTERRUPTED, f"stopped by {exc}"
+            status, failure = "interrupted", f"stopped by {exc}"
         except (TargetError, NetworkError) as exc:
-            result.exit_code = EXIT_FAILED if result.runs else EXIT_SETUP
-            prefix = "network: " if isinstance(exc, NetworkError) else ""
-            result.failure = f"{prefix}{exc}"
+            status, setup_failed = "failed", not series.results
+            failure = f"{'network: ' if isinstance(exc, NetworkError) else ''}{exc}"
         except OSError as exc:
-            result.exit_code, result.failure = EXIT_SETUP, f"cannot start the run: {exc}"
+            status, setup_failed = "failed", True
+            failure = f"cannot start the run: {exc}"
         finally:
             target.stop()
             if network is not None:
                 network.teardown(run_dir)
-                facts["network"] = network.describe()
-    facts["target"] = target.describe()
-    facts["engine_probe"] = target.engine_probe()
+                info["network"] = network.describe()
+    info["target"] = target.describe()
+    info["engine_probe"] = target.engine_probe()
     if why := collect_engine_tables(run_dir, target.engine_dir, t_start=0.0):
-        facts["engine_probe"] = {**facts["engine_probe"], "status": "failed", "reason": why}
-    facts.update(
-        exit_code=result.exit_code,
-        failure=result.failure,
+        info["engine_probe"] = {**info["engine_probe"], "status": "failed", "reason": why}
+    info.update(
+        status=status, setup_failed=setup_failed, failure=failure,
         ended_utc=datetime.now(UTC).isoformat(),
-    )
-    write_json(run_dir / record, facts)
-    return result
+    )  # fmt: skip
+    write_json(run_dir / PLAN_JSON, series.record.as_dict())
+    return series

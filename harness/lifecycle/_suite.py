@@ -1,52 +1,56 @@
-"""``zerowindow suite run DIR``: the incident catalogue against one stack.
+"""``zerowindow suite run DIR``: the incident catalogue against one stack, a list of plans.
 
-Every ``*.toml`` in ``DIR`` with an ``[incident]`` table is an incident; all are read and
-validated before anything starts (an invalid one raises :class:`~zwcore.ScenarioError`
-naming its file and line). Each then runs as ``zerowindow run`` would (a scenario with
-``proxies`` as a comparison), under ``out_root/suite/<UTC timestamp>/``, against:
+Every ``*.toml`` in ``DIR`` with an ``[incident]`` table is an incident; all are read,
+validated and made into plans (``harness.scenario.make_plan``: an incident's ``repeats``,
+``control``, rerun policy and ``proxies`` are honoured) before anything starts (an invalid one
+raises :class:`~zwcore.ScenarioError` naming its file and line). Each plan then runs into
+``out_root/suite/<UTC timestamp>/<incident>/<stamp>/`` against:
 
 - ``target="scenario"``: each incident's own ``[target]``;
-- ``target="sim"``: the engine emulator (the incident's own engine settings when its target
-  is ``sim``, else the emulator's defaults);
-- ``target="vllm"``: a real vLLM serving ``model`` with :data:`VLLM_ARGS` (the engine probe
-  on), started for each incident (about 50 s each on this project's 2-CPU machine);
+- ``target=KIND``, a target kind that can stand in for an incident's target
+  (:meth:`~harness.servers.TargetConfigBase.for_suite`: ``sim``, ``vllm``): the incident's own
+  target when it is of that kind, else the kind's suite target (``vllm``: a real vLLM serving
+  ``model``, started for each incident, about 50 s each on this project's 2-CPU machine);
 - ``target_url``: a server that is already running (a ``url`` target; ``engine_dir`` names
   the folder where its engine probe writes, as for ``[target] engine_dir``), serving
   ``served_model_name`` (default: the first model its ``/v1/models`` lists).
 
-A suite outcome per incident says whether the stack failed it (a gate of the scenario
-failed, or the run did not complete) and what its findings measured (``[incident]
-findings``: evaluated, never failed on); a matrix incident has one outcome per cell as
-well (the gates that name the cell's group).
+``suite.json`` lists the incidents and their folders. A suite outcome per incident says
+whether the stack failed it (a gate failed, or a run did not complete) and what its findings
+measured (``[incident] findings``: evaluated, never failed on); a matrix incident has one
+outcome per cell as well (the gates that name the cell's group). The cases are a pure
+function of the incidents' folders: ``zerowindow analyze`` on the suite's folder recomputes
+them and ``junit.xml``.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import Any
 
 import httpx
 
 from harness.gates import GateResult, evaluate_gates
-from harness.lifecycle._comparison_run import run_comparison
-from harness.lifecycle._conclude import EXIT_FAILED, EXIT_INTERRUPTED, RunResult
-from harness.lifecycle._run import run_scenario
+from harness.lifecycle._exit import EXIT_INTERRUPTED, decide
+from harness.lifecycle._plan_run import run_plan
+from harness.lifecycle._results import PlanResult
 from harness.lifecycle._signals import RunInterrupted, signals_raise
-from harness.outputs import CaseOutcome, SuiteResult
+from harness.outputs import CaseOutcome, SuiteResult, write_suite_junit
 from harness.outputs._matrix import abort_text, ratio_text, wasted_text
-from harness.runfolder import MatrixCell, figures
-from harness.scenario import Scenario, load_scenario
-from harness.servers import SimTargetConfig, TargetConfigBase, UrlTargetConfig, VllmTargetConfig
-from zwcore import ScenarioError
+from harness.runfolder import SUITE_JSON, MatrixCell, read_json, write_json
+from harness.scenario import Plan, RunOptions, Scenario, load_scenario, make_plan
+from harness.servers import TARGETS, TargetConfigBase, UrlTargetConfig
+from zwcore import RunFolderError, ScenarioError
 
-SuiteTarget = Literal["scenario", "sim", "vllm"]
-VLLM_ARGS = [
-    "--num-gpu-blocks-override", "64", "--block-size", "32", "--max-num-seqs", "16",
-    "--max-model-len", "2048", "--gpu-memory-utilization", "0.1",
-]  # fmt: skip
-"""The vLLM of ``target="vllm"``: 64 KV blocks of 32 tokens (DESIGN.md's measurement), 16
-sequences at most, prompts of up to 2,048 tokens with their output."""
+SCENARIO_TARGET = "scenario"
+
+
+def suite_targets() -> list[str]:
+    """What ``--target`` takes: ``scenario`` and every target kind that can stand in for an
+    incident's target."""
+    kinds = [k for k in TARGETS.kinds() if TARGETS.get(k).for_suite(model="m") is not None]
+    return [SCENARIO_TARGET, *kinds]
 
 
 def load_incidents(directory: Path, only: list[str] | None = None) -> list[tuple[Path, Scenario]]:
@@ -89,7 +93,7 @@ def served_model(target_url: str) -> str:
 
 def retarget(
     scenario: Scenario,
-    target: SuiteTarget,
+    target: str,
     *,
     target_url: str | None = None,
     engine_dir: Path | None = None,
@@ -97,8 +101,9 @@ def retarget(
     served_model_name: str | None = None,
 ) -> Scenario:
     """``scenario`` with the suite's target in place of its own (see the module docstring);
-    ``served_model_name`` is the name a ``target_url`` serves (default: the scenario's)."""
-    new: TargetConfigBase
+    ``served_model_name`` is the name a ``target_url`` serves (default: the scenario's).
+    Raises :class:`ScenarioError` for a ``target`` that is not one of :func:`suite_targets`."""
+    new: TargetConfigBase | None
     if target_url is not None:
         new = UrlTargetConfig(
             kind="url",
@@ -106,31 +111,18 @@ def retarget(
             served_model_name=served_model_name or scenario.target.served_model_name,
             engine_dir=None if engine_dir is None else str(engine_dir),
         )
-    elif target == "sim":
-        own = scenario.target
-        new = own if isinstance(own, SimTargetConfig) else SimTargetConfig()
-    elif target == "vllm":
-        new = VllmTargetConfig(kind="vllm", model=model, served_model_name="tiny",
-                               extra_args=VLLM_ARGS)  # fmt: skip
-    else:
+    elif target == SCENARIO_TARGET or scenario.target.kind == target:
         return scenario
+    else:
+        valid = suite_targets()
+        new = TARGETS.get(target).for_suite(model=model) if target in TARGETS.kinds() else None
+        if new is None:
+            raise ScenarioError(f"--target {target!r}: expected one of {', '.join(valid)}")
     return scenario.model_copy(update={"target": new})
 
 
 def _gate_failures(gates: list[GateResult], prefix: str = "") -> list[str]:
     return [f"{prefix}{g.gate}: {g.reason}" for g in gates if not g.passed]
-
-
-def _matrix_cases(name: str, run: RunResult) -> list[CaseOutcome]:
-    cases = []
-    for cell in run.summary.matrix:
-        if cell.phase == "control":
-            continue
-        theirs = [g for g in run.gates if g.figure.startswith(f"{cell.cell}.")]
-        case = CaseOutcome(f"{name}[{cell.cell}]", name, failures=_gate_failures(theirs))
-        case.details.append(_cell_line(cell))
-        cases.append(case)
-    return cases
 
 
 def _cell_line(c: MatrixCell) -> str:
@@ -140,93 +132,165 @@ def _cell_line(c: MatrixCell) -> str:
     )
 
 
-def _incident_case(
-    scenario: Scenario, runs: dict[str, RunResult], failure: str | None
-) -> CaseOutcome:
+def _matrix_cases(scenario: Scenario, result: PlanResult) -> list[CaseOutcome]:
+    """One case per cell: the gates that name the cell's group (per configuration), and each
+    run's line of the cell."""
+    cases: dict[str, CaseOutcome] = {}
+    for label, arm in result.arms.items():
+        prefix = f"{label}: " if len(result.arms) > 1 else ""
+        for i, run in enumerate(arm.runs):
+            where = f"{prefix}{run.run_dir.name}: " if len(arm.runs) > 1 else prefix
+            for cell in run.summary.matrix:
+                if cell.phase == "control":
+                    continue
+                name = f"{scenario.name}[{cell.cell}]"
+                case = cases.setdefault(name, CaseOutcome(name, scenario.name))
+                if i == 0:
+                    theirs = [g for g in arm.gates if g.figure.startswith(f"{cell.cell}.")]
+                    case.failures += _gate_failures(theirs, prefix)
+                case.details.append(where + _cell_line(cell))
+    return list(cases.values())
+
+
+def incident_cases(
+    scenario: Scenario, result: PlanResult | None, failure: str | None
+) -> list[CaseOutcome]:
+    """The cases of one incident (module docstring) from its plan's result (``None``: it did
+    not run, ``failure`` says why)."""
     assert scenario.incident is not None
     case = CaseOutcome(scenario.name, scenario.name)
     case.details.append(f"source: {scenario.incident.source}")
-    for label, run in runs.items():
-        prefix = f"{label}: " if len(runs) > 1 else ""
-        if run.summary.status != "complete":
-            case.error = f"{prefix}run {run.summary.status}: {run.summary.failure}"
-        cell_gates = {f"{c.cell}." for c in run.summary.matrix}
-        own = [g for g in run.gates if not any(g.figure.startswith(p) for p in cell_gates)]
-        case.failures += _gate_failures(own, prefix)
-        if run.summary.status == "complete":  # an incomplete run's figures are not findings
-            found = evaluate_gates(scenario.incident.findings, figures(run.summary))
-            case.findings += [(label if len(runs) > 1 else "", g) for g in found]
-        else:
-            case.details.append(f"{prefix}findings not evaluated: the run did not complete")
-        case.details.append(f"{prefix}run folder {run.run_dir}")
-        case.duration_s += run.summary.duration_s
-    if failure and case.error is None and not case.failures:
-        case.error = failure
-    if not runs:
+    if result is None:
         case.error = failure or "nothing ran"
-    return case
-
-
-def _run_incident(path: Path, scenario: Scenario, out: Path, result: SuiteResult) -> bool:
-    """Run one incident into ``out`` and add its cases to ``result``; ``False`` when the run
-    was interrupted."""
-    runs: dict[str, RunResult] = {}
-    try:
-        if scenario.proxies:
-            comparison = run_comparison(scenario, scenario_path=path, out_root=out)
-            runs, failure, code = comparison.runs, comparison.failure, comparison.exit_code
+        return [case]
+    many = len(result.arms) > 1
+    cells = {f"{c.cell}." for r in result.runs.values() for c in r.summary.matrix}
+    for label, arm in result.arms.items():
+        prefix = f"{label}: " if many else ""
+        broken = [r for r in arm.runs if r.summary.status != "complete"]
+        for run in broken:
+            case.error = f"{prefix}run {run.summary.status}: {run.summary.failure}"
+        own = [g for g in arm.gates if not any(g.figure.startswith(p) for p in cells)]
+        case.failures += _gate_failures(own, prefix)
+        if arm.runs and not broken:  # an incomplete run's figures are not findings
+            found = evaluate_gates(scenario.incident.findings, arm.figures)
+            case.findings += [(label if many else "", g) for g in found]
         else:
-            run = run_scenario(scenario, scenario_path=path, out_root=out)
-            runs, failure, code = {scenario.name: run}, None, run.exit_code
-    except ScenarioError as exc:  # this stack cannot run it (a namespace, a baseline...)
-        failure, code = f"cannot run against this target: {exc}", EXIT_FAILED
-    result.cases.append(_incident_case(scenario, runs, failure))
-    if scenario.matrix is not None:
-        for run in runs.values():
-            result.cases += _matrix_cases(scenario.name, run)
-    return code != EXIT_INTERRUPTED
+            case.details.append(f"{prefix}findings not evaluated: a run did not complete")
+        case.details.append(f"{prefix}folder {arm.run_dir}")
+        case.duration_s += sum(r.summary.duration_s for r in arm.runs)
+    if result.failure and case.error is None and not case.failures and result.exit_code:
+        case.error = result.failure
+    if not result.runs:
+        case.error = result.failure or "nothing ran"
+    return [case, *(_matrix_cases(scenario, result) if scenario.matrix else [])]
+
+
+def _record(folder: Path, entries: list[dict[str, Any]], **extra: Any) -> None:
+    write_json(folder / SUITE_JSON, {**extra, "incidents": entries})
 
 
 def run_suite(
     directory: Path,
     *,
-    target: SuiteTarget = "scenario",
+    target: str = SCENARIO_TARGET,
     target_url: str | None = None,
     engine_dir: Path | None = None,
     only: list[str] | None = None,
     out_root: Path = Path("results"),
     model: str = "models/tiny",
     served_model_name: str | None = None,
+    options: RunOptions | None = None,
 ) -> SuiteResult:
-    """Run the incidents of ``directory`` (see the module docstring) one after another; never
-    raises for a failed run (its case says why). Raises :class:`ScenarioError` before anything
-    starts (see :func:`load_incidents`)."""
+    """Run the incidents of ``directory`` (see the module docstring) one after another, each
+    as its plan with ``options``; never raises for a failed run (its case says why). Raises
+    :class:`ScenarioError`, before anything starts, for an invalid incident, a pair of options
+    an incident's plan refuses, or an unknown ``target``."""
     incidents = load_incidents(directory, only)
     if target_url is not None and served_model_name is None:
         served_model_name = served_model(target_url)
-    incidents = [
-        (p, retarget(s, target, target_url=target_url, engine_dir=engine_dir, model=model,
-                     served_model_name=served_model_name))
-        for p, s in incidents
-    ]  # fmt: skip
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    out = out_root / "suite" / stamp
-    out.mkdir(parents=True, exist_ok=True)
-    result = SuiteResult(out)
+    plans: list[tuple[Path, Plan]] = []
+    for path, scenario in incidents:
+        scenario = retarget(
+            scenario, target, target_url=target_url, engine_dir=engine_dir, model=model,
+            served_model_name=served_model_name,
+        )  # fmt: skip
+        plans.append((path, make_plan(scenario, options, scenario_path=path)))
+    folder = out_root / "suite" / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    folder.mkdir(parents=True, exist_ok=True)
+    result, entries = SuiteResult(folder), list[dict[str, Any]]()
+    facts = {"directory": str(directory), "target": target, "target_url": target_url}
+    _record(folder, entries, **facts, status="running")
     with signals_raise():
         try:
-            for path, scenario in incidents:
-                if not _run_incident(path, scenario, out, result):
+            for path, plan in plans:
+                done, failure = _run_incident(plan, folder)
+                entries.append(_entry(plan, path, folder, done, failure))
+                _record(folder, entries, **facts, status="running")
+                result.cases += incident_cases(plan.scenario, done, failure)
+                if done is not None and done.exit_code == EXIT_INTERRUPTED:
                     raise RunInterrupted("signal")
         except RunInterrupted:  # during an incident, or between two
-            result.exit_code = EXIT_INTERRUPTED
             ran = {c.incident for c in result.cases}
             result.cases += [
-                CaseOutcome(s.name, s.name, skipped="not run: the suite was interrupted")
-                for _, s in incidents
-                if s.name not in ran
-            ]
-            return result
-    if any(not c.passed for c in result.cases):
-        result.exit_code = EXIT_FAILED
+                CaseOutcome(p.scenario.name, p.scenario.name,
+                            skipped="not run: the suite was interrupted")
+                for _, p in plans if p.scenario.name not in ran
+            ]  # fmt: skip
+            result.exit_code = decide([], interrupted=True)
+    if not result.exit_code:
+        result.exit_code = decide(["complete" if c.passed else "failed" for c in result.cases])
+    _record(folder, entries, **facts, status="ended", exit_code=result.exit_code)
+    write_suite_junit(result)
+    return result
+
+
+def _run_incident(plan: Plan, folder: Path) -> tuple[PlanResult | None, str | None]:
+    try:
+        return run_plan(plan, out_root=folder), None
+    except ScenarioError as exc:  # this stack cannot run it (a namespace, a baseline...)
+        return None, f"cannot run against this target: {exc}"
+
+
+def _entry(
+    plan: Plan, path: Path, folder: Path, done: PlanResult | None, failure: str | None
+) -> dict[str, Any]:
+    """The incident in ``suite.json``: where its plan's folder is (the scenario itself when
+    it did not run), and why it did not run."""
+    entry: dict[str, Any] = {"name": plan.scenario.name, "scenario_path": str(path)}
+    if done is not None:
+        entry["folder"] = str(done.run_dir.relative_to(folder))
+    else:
+        entry.update(failure=failure, scenario=plan.scenario.model_dump(mode="json"))
+    return entry
+
+
+def reanalyze_suite(
+    folder: Path, *, baseline: Any = None, use_baseline: bool = True
+) -> SuiteResult:
+    """The suite in ``folder`` analysed again: each incident's folder, then the cases and
+    ``junit.xml`` (module docstring). Raises :class:`~zwcore.RunFolderError` for a
+    ``suite.json`` that cannot be read."""
+    from harness.lifecycle._analyze_folder import reanalyze
+
+    record = read_json(folder / SUITE_JSON)
+    result = SuiteResult(folder)
+    try:
+        entries = list(record["incidents"])
+        for entry in entries:
+            if entry.get("folder"):
+                found = reanalyze(folder / entry["folder"], baseline=baseline,
+                                  use_baseline=use_baseline)  # fmt: skip
+                assert isinstance(found, PlanResult)
+                result.cases += incident_cases(found.plan.scenario, found, None)
+            else:
+                scenario = Scenario.model_validate(entry["scenario"])
+                result.cases += incident_cases(scenario, None, entry.get("failure"))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise RunFolderError(f"{folder / SUITE_JSON}: not a suite record ({exc})") from None
+    interrupted = record.get("exit_code") == EXIT_INTERRUPTED
+    result.exit_code = decide(
+        ["complete" if c.passed else "failed" for c in result.cases], interrupted=interrupted
+    )
+    write_suite_junit(result)
     return result

@@ -5,7 +5,7 @@ sweep and the incident suite."""
 from harness.outputs._compare import compare_runs, html_page, render
 from harness.outputs._comparison import print_comparison, to_markdown, write_comparison
 from harness.outputs._console import print_gates, print_summary
-from harness.outputs._junit import junit_xml, write_junit
+from harness.outputs._junit import JunitSuite, junit_run, junit_xml, write_junit
 from harness.outputs._repeats import print_repeats, repeats_markdown
 from harness.outputs._report import ReportError, render_report, report_or_warning, write_report
 from harness.outputs._step_summary import (
@@ -27,6 +27,8 @@ from harness.outputs._suite import (
 from harness.outputs._sweep import print_sweep, write_sweep
 
 __all__ = [
+    "JunitSuite",
+    "junit_run",
     "STEP_SUMMARY_ENV",
     "CaseOutcome",
     "ReportError",

@@ -20,12 +20,21 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import pandas as pd
 from markupsafe import Markup
 from pydantic import ValidationError
 from rich.table import Table
 
-from harness.analysis import compare_figure, estimate, evidence_of, pooled_figures
-from harness.gates import BaselineError, repeat_dirs
+from harness.analysis import (
+    compare_figure,
+    estimate,
+    evidence_of,
+    is_plan_folder,
+    pooled_figures,
+    read_plan,
+    run_folders,
+    uncertainty_of,
+)
 from harness.outputs._format import fmt_number
 from harness.outputs._report._data import (
     ReportError,
@@ -42,7 +51,6 @@ from zwcore import RunFolderError
 FORMATS = ("table", "markdown", "csv", "json")
 
 
-CONFIDENCE, DRAWS = 0.95, 400
 Span = tuple[float, float] | None
 
 
@@ -50,8 +58,8 @@ Span = tuple[float, float] | None
 class FigureRow:
     """One figure across the runs: ``values[i]`` of run ``i`` and ``ratios[i]`` =
     ``values[i] / values[0]`` (``None`` when either is missing or the first is 0);
-    ``intervals[i]`` and ``ratio_intervals[i]`` their intervals at :data:`CONFIDENCE` (``None``
-    without one), ``significant[i]``: the ratio's interval excludes 1."""
+    ``intervals[i]`` and ``ratio_intervals[i]`` their intervals at the comparison's confidence
+    (``None`` without one), ``significant[i]``: the ratio's interval excludes 1."""
 
     name: str
     values: list[float | None]
@@ -66,11 +74,14 @@ class FigureRow:
 
 @dataclass
 class Comparison:
-    """Runs (``labels[i]`` names ``runs[i]``) and their figures, in figure-name order."""
+    """Runs (``labels[i]`` names ``runs[i]``) and their figures, in figure-name order, with
+    intervals at ``confidence`` from ``draws`` bootstrap draws."""
 
     runs: list[RunData]
     labels: list[str]
     rows: list[FigureRow]
+    confidence: float = 0.95
+    draws: int = 1000
 
 
 def _summary(data: RunData) -> RunSummary:
@@ -99,22 +110,60 @@ def _ratio(value: float | None, first: float | None) -> float | None:
     return value / first
 
 
+def _expand(run_dirs: Sequence[Path]) -> list[Path]:
+    """The folders to compare: a comparison's folder stands for its configurations'."""
+    out: list[Path] = []
+    for d in map(Path, run_dirs):
+        if is_plan_folder(d) and (record := read_plan(d)).plan.kind == "comparison":
+            out += [d / a.folder for a in record.plan.arms if record.of_arm(a)]
+        else:
+            out.append(d)
+    return out
+
+
+def _pooled(dirs: list[Path], label_dir: Path) -> RunData:
+    """The runs of ``dirs`` as one (their requests and chunks together, request ids made
+    unique per run), for the CDFs; the last run's summary, and the first status that is not
+    ``complete``."""
+    runs = [load_run(d, with_records=False) for d in dirs]
+    data = replace(runs[-1], run_dir=label_dir)
+    if len(runs) > 1:
+        frames = {"requests": [], "chunks": []}  # type: dict[str, list[pd.DataFrame]]
+        for i, run in enumerate(runs):
+            for name in frames:
+                frame = getattr(run, name).copy()
+                if "request_id" in frame:
+                    frame["request_id"] = f"r{i + 1}:" + frame["request_id"].astype(str)
+                frames[name].append(frame)
+        data.requests = pd.concat(frames["requests"], ignore_index=True)
+        data.chunks = pd.concat(frames["chunks"], ignore_index=True)
+        status = next((r.summary.get("status") for r in runs
+                       if r.summary.get("status") != "complete"), "complete")  # fmt: skip
+        data.summary = {**data.summary, "status": status}
+    return data
+
+
 def compare_runs(run_dirs: Sequence[Path], only: Sequence[str] = ()) -> Comparison:
-    """Read the runs' ``summary.json`` and line up their figures: those at least one run
-    measured (a closed-loop run has no send lag, for one). ``only`` keeps the figures whose
-    name matches any of these shell patterns (``fast.ttft_*``, ``server.*``). Raises
-    :class:`ReportError` for a folder that cannot be read or an incompatible ``summary.json``,
-    and ``ValueError`` when ``only`` matches no figure."""
+    """Read the runs' folders (a run, a run with repeats, or a comparison's folder, which
+    stands for its configurations) and line up their figures: those at least one run
+    measured (a closed-loop run has no send lag, for one), over each one's repeats. Intervals
+    take the first folder's recorded setting (``harness.analysis.uncertainty_of``). ``only``
+    keeps the figures whose name matches any of these shell patterns (``fast.ttft_*``,
+    ``server.*``). Raises :class:`ReportError` for a folder that cannot be read or an
+    incompatible ``summary.json``, and ``ValueError`` when ``only`` matches no figure."""
     runs, evidence, tables = [], [], []
-    for d in run_dirs:
-        try:
-            dirs = repeat_dirs(Path(d))
+    try:
+        folders = _expand(run_dirs)
+        confidence, draws = uncertainty_of(folders[0]) if folders else (0.95, 1000)
+        for d in folders:
+            dirs = run_folders(d)
             evidence.append(evidence_of(dirs))
-        except (BaselineError, RunFolderError) as exc:
-            raise ReportError(str(exc)) from None
-        data = replace(load_run(dirs[-1], with_records=False), run_dir=Path(d))
-        runs.append(data)
-        tables.append(figures(_summary(data)) if len(dirs) == 1 else pooled_figures(evidence[-1]))
+            runs.append(_pooled(dirs, d))
+            tables.append(
+                figures(_summary(runs[-1])) if len(dirs) == 1 else pooled_figures(evidence[-1])
+            )
+    except RunFolderError as exc:
+        raise ReportError(str(exc)) from None
     names = list(dict.fromkeys(n for t in tables for n in sorted(t)))
     names = [n for n in names if any(t.get(n) is not None for t in tables)]
     if only:
@@ -126,14 +175,14 @@ def compare_runs(run_dirs: Sequence[Path], only: Sequence[str] = ()) -> Comparis
         values = [t.get(name) for t in tables]
         row = FigureRow(name, values, [_ratio(v, values[0]) for v in values])
         for ev in evidence:
-            est = estimate(ev, name, confidence=CONFIDENCE, n=DRAWS)
+            est = estimate(ev, name, confidence=confidence, n=draws)
             low, high = est.low, est.high
             row.intervals.append(None if low is None or high is None else (low, high))
-            diff = compare_figure(ev, evidence[0], name, confidence=CONFIDENCE, n=DRAWS)
+            diff = compare_figure(ev, evidence[0], name, confidence=confidence, n=draws)
             low, high = diff.ratio_low, diff.ratio_high
             row.ratio_intervals.append(None if low is None or high is None else (low, high))
         rows.append(row)
-    return Comparison(runs, _labels(runs), rows)
+    return Comparison(runs, _labels(runs), rows, confidence, draws)
 
 
 def _ratio_text(ratio: float | None) -> str:
@@ -181,7 +230,7 @@ def rich_table(c: Comparison) -> Table:
     """The comparison as a rich table; ratios are against the first run."""
     head = _header(c)
     table = Table(
-        title=f"figures [{CONFIDENCE:.0%} interval], ratios against {head[1]} "
+        title=f"figures [{c.confidence:.0%} interval], ratios against {head[1]} "
         "(*: the ratio's interval excludes 1)",
         title_justify="left",
     )
@@ -231,9 +280,11 @@ def render(c: Comparison, fmt: str) -> str:
     return {"markdown": to_markdown, "csv": to_csv, "json": to_json}[fmt](c)
 
 
-def html_page(c: Comparison) -> str:
-    """A self-contained HTML page: the table, then per user class the TTFT and per-token ITL
-    CDFs of every run overlaid (plotly.js inlined)."""
+def figure_page_parts(c: Comparison) -> dict[str, Any]:
+    """What a page shows of a comparison: per user class the TTFT and per-token ITL CDFs of
+    every run overlaid (``plots``), and the figures' table (``figure_header``,
+    ``figure_rows``, ``figure_labels``). Raises :class:`ReportError` for a run without
+    requests."""
     for run in c.runs:  # the CDFs need the per-request and per-chunk tables
         if run.requests.empty:
             raise ReportError(f"{run.run_dir / 'requests.parquet'}: missing or empty")
@@ -250,14 +301,26 @@ def html_page(c: Comparison) -> str:
             "ttft": Markup(fragment(ttft, f"ttft-{i}")),
             "itl": Markup(fragment(itl, f"itl-{i}")),
         })  # fmt: skip
+    return {
+        "plots": plots,
+        "figure_labels": c.labels,
+        "figure_header": _header(c),
+        "figure_rows": [_cells(row) for row in c.rows],
+    }
+
+
+def html_page(c: Comparison) -> str:
+    """A self-contained HTML page: the table, then per user class the TTFT and per-token ITL
+    CDFs of every run overlaid (plotly.js inlined)."""
+    parts = figure_page_parts(c)
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(Path(__file__).parent / "_report")), autoescape=True
     )
     return env.get_template("compare.html.j2").render(
         labels=c.labels,
         runs=c.runs,
-        header=_header(c),
-        rows=[_cells(row) for row in c.rows],
-        plots=plots,
+        header=parts["figure_header"],
+        rows=parts["figure_rows"],
+        plots=parts["plots"],
         plotly_js=Markup(plotly_js()),
     )

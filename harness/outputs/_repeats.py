@@ -20,11 +20,10 @@ from harness.outputs._step_summary import gate_mark
 _SHOWN = ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "e2e_p50_ms")
 
 
-def shown_figures(
-    figures: Mapping[str, Mapping[str, Any]], gates: Sequence[GateResult]
-) -> list[str]:
-    """The figures worth a line: every gated figure, then each group's latency figures."""
-    gated = [g.figure for g in gates if g.figure in figures]
+def shown_figures(figures: Mapping[str, Mapping[str, Any]], gated: Sequence[str]) -> list[str]:
+    """The figures worth a line: every gated figure (``gated``: the gates' figures), then each
+    group's latency figures."""
+    gated = [g for g in gated if g in figures]
     latency = [n for n in figures if n.rpartition(".")[2] in _SHOWN and n not in gated]
     return list(dict.fromkeys(gated + sorted(latency)))
 
@@ -80,7 +79,7 @@ def print_repeats(
     )
     for col in ("figure", "estimate [interval]", "method", "per repeat"):
         table.add_column(col)
-    for name in shown_figures(figures, gates):
+    for name in shown_figures(figures, [g.figure for g in gates]):
         row = figures[name]
         table.add_row(escape(name), interval_text(row), str(row.get("method")), _per_repeat(row))
     console.print(table)
@@ -113,7 +112,7 @@ def repeats_markdown(
             out.append(f"| {gate_mark(g)} | `{g.gate}` | {g.verdict} | {reason} |")
         out.append("")
     out += ["| figure | estimate [interval] | per repeat |", "| --- | ---: | --- |"]
-    for name in shown_figures(figures, gates):
+    for name in shown_figures(figures, [g.figure for g in gates]):
         out.append(f"| `{name}` | {interval_text(figures[name])} | {_per_repeat(figures[name])} |")
     if impact:
         out += ["", "Impact of the aggressors (with / without them; server: with - without):", ""]

@@ -1,7 +1,7 @@
 """A sweep's outputs: ``sweep.json`` (its figures and one row per run), ``sweep.md`` (the
 table), ``sweep.html`` (the table and the figures against the rate, plotly.js inlined) and
 the console table. They take the sweep as the plain dict of
-``harness.lifecycle._sweep.SweepResult.as_dict``."""
+``harness.analysis.SweepTable.as_dict``."""
 
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ from rich.table import Table
 
 from harness.outputs._format import fmt_number
 from harness.outputs._report._plots import fragment, plotly_js
+from harness.runfolder import SWEEP_JSON
 
-SWEEP_JSON, SWEEP_MD, SWEEP_HTML = "sweep.json", "sweep.md", "sweep.html"
+SWEEP_MD, SWEEP_HTML = "sweep.md", "sweep.html"
 COLUMNS = [  # (key, header)
     ("label", "run"),
     ("offered_rps", "offered req/s"),
@@ -118,13 +119,22 @@ def figure(sweep: dict[str, Any]) -> go.Figure:
     return fig
 
 
-def html_page(sweep: dict[str, Any], *, title: str) -> str:
-    """A self-contained page: the headline, the table and :func:`figure`."""
+def sweep_fragment(sweep: dict[str, Any]) -> str:
+    """The sweep for a page that inlines plotly.js: the headline, :func:`figure` and the
+    table."""
     head = "".join(f"<th>{html.escape(h)}</th>" for _, h in COLUMNS)
     body = "".join(
         "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
         for row in _rows(sweep)
     )
+    return (
+        f"<p>{html.escape(_headline(sweep))}</p>{fragment(figure(sweep), 'sweep')}"
+        f"<table><tr>{head}</tr>{body}</table><p class='sub'>{html.escape(NOTE)}</p>"
+    )
+
+
+def html_page(sweep: dict[str, Any], *, title: str) -> str:
+    """A self-contained page: the headline, the table and :func:`figure`."""
     return (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
         f"<title>zerowindow sweep: {html.escape(title)}</title><style>"
@@ -132,10 +142,7 @@ def html_page(sweep: dict[str, Any], *, title: str) -> str:
         "table{border-collapse:collapse}th,td{border:1px solid #ddd;padding:2px 8px;"
         "text-align:right}th{background:#f5f5f5}.sub{color:#666}</style>"
         f"<script type='text/javascript'>{plotly_js()}</script></head><body>"
-        f"<h1>Sweep: {html.escape(title)}</h1><p>{html.escape(_headline(sweep))}</p>"
-        f"{fragment(figure(sweep), 'sweep')}"
-        f"<table><tr>{head}</tr>{body}</table><p class='sub'>{html.escape(NOTE)}</p>"
-        "</body></html>"
+        f"<h1>Sweep: {html.escape(title)}</h1>{sweep_fragment(sweep)}</body></html>"
     )
 
 

@@ -34,7 +34,9 @@ ENGINE_REQUESTS = REQUESTS_FILE
 ENGINE_PROBE_JSON = STATUS_FILE
 COMPARISON_MD = "comparison.md"
 COMPARISON_JSON = "comparison.json"
-COMPARISON_RUN_JSON = "comparison-run.json"
+PLAN_JSON = "plan.json"  # a plan of several runs: the plan, the runs it made, its record
+SWEEP_JSON = "sweep.json"
+SUITE_JSON = "suite.json"  # a suite: its incidents, each a plan, and their cases
 REPEATS_JSON = "repeats.json"  # a run with repeats: its repeats, figures with intervals, gates
 
 

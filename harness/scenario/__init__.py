@@ -22,10 +22,30 @@ from harness.scenario._models import (
     VerdictConfig,
 )
 from harness.scenario._placement import PlacementConfig
+from harness.scenario._plan import (
+    GOODPUT_KEYS,
+    Arm,
+    Plan,
+    PlanKind,
+    RunEntry,
+    RunOptions,
+    SweepSettings,
+    make_plan,
+    plan_of_one,
+)
 from harness.scenario._reference import scenario_json_schema, scenario_reference
 from zwcore import ScenarioError
 
 __all__ = [
+    "plan_of_one",
+    "make_plan",
+    "SweepSettings",
+    "RunOptions",
+    "RunEntry",
+    "PlanKind",
+    "Plan",
+    "Arm",
+    "GOODPUT_KEYS",
     "MATRIX_PHASES",
     "OPS",
     "VICTIMS",

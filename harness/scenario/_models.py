@@ -334,8 +334,6 @@ class Scenario(_Strict):
                     "control = true needs aggressor groups (aggressor = true) and others: the "
                     f"control arm runs without the aggressors (here: {aggressors or 'none'})"
                 )
-            if self.proxies:
-                raise ValueError("control = true with proxies = [...] is not supported")
         return self
 
     @model_validator(mode="after")

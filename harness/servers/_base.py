@@ -123,6 +123,14 @@ class TargetConfigBase(StrictOptions):
         """The target these options describe (not started)."""
         raise NotImplementedError
 
+    @classmethod
+    def for_suite(cls, *, model: str) -> TargetConfigBase | None:
+        """The target ``zerowindow suite run --target KIND`` runs an incident against when the
+        incident's own target is of another kind (``model``: the ``--model`` given), or
+        ``None`` when this kind cannot stand in for an incident's target (it needs options of
+        its own)."""
+        return None
+
 
 class ProxyConfigBase(StrictOptions):
     """Options of a proxy kind. Subclasses define ``kind: Literal["name"] = "name"`` and

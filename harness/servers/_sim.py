@@ -29,6 +29,11 @@ class SimTargetConfig(TargetConfigBase):
     def build(self) -> Target:
         return SimTarget(self)
 
+    @classmethod
+    def for_suite(cls, *, model: str) -> SimTargetConfig:
+        """The emulator with its defaults (``model`` is not used)."""
+        return cls()
+
 
 class SimTarget(LaunchedTarget):
     """The built-in engine emulator, ``python -m harness._sim``, with the scenario's ``engine``

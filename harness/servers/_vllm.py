@@ -15,6 +15,12 @@ from harness.servers._health import TargetError
 from harness.servers._launched import LaunchedTarget
 from zwcore import format_cpu_list
 
+SUITE_ARGS = [
+    "--num-gpu-blocks-override", "64", "--block-size", "32", "--max-num-seqs", "16",
+    "--max-model-len", "2048", "--gpu-memory-utilization", "0.1",
+]  # fmt: skip
+"""The vLLM of ``zerowindow suite run --target vllm``: 64 KV blocks of 32 tokens (DESIGN.md's
+measurement), 16 sequences at most, prompts of up to 2,048 tokens with their output."""
 PROBE_CLASS = "harness._engine_probe._vllm_scheduler.EngineProbe"
 PROBE_HELP = (
     'set [target] engine_probe = "fallback" to run scrape-only when the probe cannot load, '
@@ -51,6 +57,11 @@ class VllmTargetConfig(TargetConfigBase):
 
     def build(self) -> Target:
         return VllmTarget(self)
+
+    @classmethod
+    def for_suite(cls, *, model: str) -> VllmTargetConfig:
+        """vLLM serving ``model`` with :data:`SUITE_ARGS` (the engine probe on)."""
+        return cls(kind="vllm", model=model, served_model_name="tiny", extra_args=SUITE_ARGS)
 
 
 class VllmTarget(LaunchedTarget):

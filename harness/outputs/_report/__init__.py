@@ -17,6 +17,7 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
+from harness.analysis import is_plan_folder
 from harness.outputs._format import fmt_number
 from harness.outputs._matrix import abort_level, abort_text, matrix_grid, ratio_text, wasted_text
 from harness.outputs._report._data import (
@@ -29,6 +30,7 @@ from harness.outputs._report._data import (
     run_start,
     slowest_connections,
 )
+from harness.outputs._report._plan import render_plan_report
 from harness.outputs._report._plots import (
     class_cdfs,
     fragment,
@@ -38,6 +40,7 @@ from harness.outputs._report._plots import (
 )
 from harness.outputs._report._swimlane import swimlane
 from harness.runfolder import MatrixCell
+from zwcore import RunFolderError
 
 __all__ = [
     "REPORT_NAME", "ReportError", "render_report", "report_or_warning",
@@ -189,8 +192,14 @@ def _context(data: RunData) -> dict[str, Any]:
 
 
 def render_report(run_dir: Path) -> str:
-    """The report of ``run_dir`` as one HTML page. Raises :class:`ReportError` when the folder
-    cannot be read (see :func:`harness.outputs._report._data.load_run`)."""
+    """The report of ``run_dir`` as one HTML page: a run's, or a plan's
+    (``harness.outputs._report._plan``). Raises :class:`ReportError` when the folder cannot be
+    read (see :func:`harness.outputs._report._data.load_run`)."""
+    if is_plan_folder(run_dir):
+        try:
+            return render_plan_report(run_dir)
+        except RunFolderError as exc:
+            raise ReportError(str(exc)) from None
     return _env().get_template("report.html.j2").render(_context(load_run(run_dir)))
 
 

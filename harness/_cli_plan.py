@@ -1,0 +1,82 @@
+"""What the command line shows of a plan's result, whatever its kind: the run's tables, the
+figures over repeats with their intervals, the comparison side by side, the sweep's table,
+the gates, and the GitHub step summary (``$GITHUB_STEP_SUMMARY``)."""
+
+from __future__ import annotations
+
+import typer
+
+from harness.lifecycle import ArmResult, PlanResult
+from harness.outputs import (
+    STEP_SUMMARY_ENV,
+    append_markdown,
+    print_comparison,
+    print_gates,
+    print_repeats,
+    print_summary,
+    print_sweep,
+    repeats_markdown,
+    step_summary_markdown,
+    to_markdown,
+)
+from harness.runfolder import REPORT_HTML
+
+
+def _verdict_lines(arm: ArmResult) -> list[tuple[str, list[str]]]:
+    return [
+        (run.run_dir.name, [v["line"] for v in run.summary.verdicts.values() if "line" in v])
+        for run in [*arm.runs, *arm.controls]
+    ]
+
+
+def _show_arm(result: PlanResult, arm: ArmResult) -> str:
+    """Print one pooled arm; its step-summary section."""
+    plan = result.plan
+    title = f"{plan.scenario.name} {arm.name}" if plan.kind == "comparison" else plan.scenario.name
+    if plan.kind == "comparison":
+        typer.echo(f"{arm.name}:")
+    print_repeats(
+        arm.estimates, arm.gates, repeats=len(arm.runs), confidence=plan.confidence,
+        impact=arm.impact, verdicts=_verdict_lines(arm),
+    )  # fmt: skip
+    code = 1 if any(not g.passed for g in arm.gates) else 0
+    print_gates(arm.gates, exit_code=code if plan.kind == "comparison" else result.exit_code)
+    return repeats_markdown(
+        title, arm.estimates, arm.gates, run_dir=arm.run_dir, exit_code=result.exit_code,
+        impact=arm.impact,
+    )  # fmt: skip
+
+
+def show_plan(result: PlanResult) -> None:
+    """Print ``result`` (module docstring) and append its section to the step summary."""
+    plan = result.plan
+    markdown = ""
+    if plan.single:
+        run = result.only_run()
+        print_summary(run.summary, run_dir=str(run.run_dir))
+        print_gates(run.gates, exit_code=result.exit_code)
+        markdown = step_summary_markdown(
+            run.summary, run.gates, run_dir=run.run_dir, exit_code=result.exit_code
+        )
+    elif result.sweep is not None:
+        print_sweep(result.sweep.as_dict(), title=plan.scenario.name)
+    else:
+        if result.comparison is not None:
+            print_comparison(result.comparison, title=plan.scenario.name)
+            markdown = to_markdown(result.comparison, title=plan.scenario.name)
+        for arm in result.arms.values():
+            if plan.pooled:
+                markdown += _show_arm(result, arm)
+            elif arm.gates:
+                typer.echo(f"gates of {arm.name}:")
+                print_gates(arm.gates, exit_code=result.exit_code)
+    try:
+        append_markdown(markdown) if markdown else None
+    except OSError as exc:
+        typer.echo(f"cannot append to ${STEP_SUMMARY_ENV}: {exc}", err=True)
+    if result.failure and result.exit_code:
+        typer.secho(f"{plan.kind} incomplete: {result.failure}", fg="red", err=True)
+    if (report := result.run_dir / REPORT_HTML).exists():
+        typer.echo(f"report: {report}")
+    if not plan.single:  # a run's tables end with its folder
+        typer.echo(f"results: {result.run_dir}")

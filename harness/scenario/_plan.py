@@ -1,0 +1,279 @@
+"""The plan: what a command will run against one target, decided before anything starts.
+
+A plan is the list of runs against one target (one set-up, one warm-up) and the aggregate
+computed from their folders. :func:`make_plan` is the one function that turns a scenario and
+the options of the command line, the Python API or the pytest plugin (:class:`RunOptions`)
+into a :class:`Plan`; every pair of options either composes or is refused there, by name,
+with a :class:`~zwcore.ScenarioError` (exit 2), before anything starts.
+
+Kinds of plan (``Plan.kind``):
+
+- ``run``: one run; its folder is the run folder (a plan of one);
+- ``repeats``: one configuration, its runs ``r1``, ``r2`` ... (``repeats``), each followed by
+  its control run ``c1`` ... when the scenario has ``control = true``, and more repeats while a
+  gate is inconclusive under ``[gating] inconclusive = "rerun"``;
+- ``comparison``: the scenario's ``proxies``, each an arm in a folder of its name; each arm is
+  one run, or repeats (and control runs) as above; the repeats go round the arms (r1 of every
+  arm, then r2 ...), so that a drift of the machine is shared by every configuration;
+- ``sweep``: one configuration at rising request rates (``zerowindow sweep``), one run per step.
+
+An arm is **pooled** when it has more than one run (repeats, a control arm, or a rerun
+policy): its runs are then ungated, and the arm's gates are judged on the evidence of all of
+them (``harness.analysis._uncertainty``) into the arm's folder. An arm of one run is gated as
+a single run is.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from harness.scenario._gate_syntax import needs_baseline
+from harness.scenario._models import NamedProxyConfig, Scenario
+from harness.servers import ProxyConfig
+from loadgen import RateArrivals
+from zwcore import ScenarioError
+
+PlanKind = Literal["run", "repeats", "comparison", "sweep"]
+GOODPUT_KEYS = {"ttft": "ttft_ms", "tpot": "tpot_ms", "e2el": "e2e_ms"}
+"""Service-level objectives of goodput, as ``vllm bench serve --goodput`` names them, and the
+request figure each bounds (vllm/benchmarks/serve.py)."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class SweepSettings(_Strict):
+    """What ``zerowindow sweep`` varies (``harness.lifecycle._sweep``): ``steps`` rates between
+    the serial and throughput runs, or ``rates_rps``; with ``sla``, a bisection of ``sla_steps``
+    steps on the rate or on a concurrency ceiling (``sla_on``); ``serial_requests`` per group in
+    the serial run at most; ``goodput_slo_ms``: objectives in ms by key of
+    :data:`GOODPUT_KEYS`."""
+
+    steps: int = Field(4, ge=0)
+    rates_rps: list[float] | None = None
+    sla: bool = False
+    sla_on: Literal["rate", "concurrency"] = "rate"
+    sla_steps: int = Field(5, ge=1)
+    serial_requests: int = Field(32, ge=1)
+    goodput_slo_ms: dict[str, float] = {}
+
+
+class RunOptions(_Strict):
+    """What a command adds to a scenario. ``repeats`` replaces the scenario's (``None``: keep
+    it); ``baseline`` is the baseline file of relative gates (default
+    ``results/baselines/<scenario>.json``), ``use_baseline=False`` skips them; ``workers``,
+    ``remote_workers`` and ``master_bind`` run each group as a Locust master with workers;
+    ``progress`` shows each run live; ``sweep`` makes the plan a sweep."""
+
+    target_url: str | None = None
+    repeats: int | None = Field(None, ge=1, le=100)
+    baseline: Path | None = None
+    use_baseline: bool = True
+    workers: int = Field(0, ge=0)
+    remote_workers: int = Field(0, ge=0)
+    master_bind: str = "127.0.0.1:0"
+    progress: bool = False
+    sweep: SweepSettings | None = None
+
+
+class Arm(_Strict):
+    """One configuration of a plan: its ``name`` (a ``proxies`` entry's, else the scenario's
+    proxy kind), the ``proxy`` its runs go through, and ``folder``, where its runs and its
+    aggregate go, relative to the plan's folder (``""``: the plan's own folder)."""
+
+    name: str
+    folder: str
+    proxy: ProxyConfig
+
+
+class RunEntry(_Strict):
+    """One run of a plan as it ran (``plan.json``'s ``runs``, in run order): its folder
+    ``path`` relative to the plan's (``"."``: the plan's own), its ``arm``, its ``role``
+    (``repeat``, ``control`` or a sweep ``step``) and ``index`` (1 for ``r1``); a sweep step's
+    ``phase`` (serial, throughput, rate, sla), ``offered_rps`` and ``max_concurrency``."""
+
+    path: str
+    arm: str
+    role: Literal["repeat", "control", "step"]
+    index: int = 1
+    phase: str | None = None
+    offered_rps: float | None = None
+    max_concurrency: int | None = None
+
+
+class Plan(_Strict):
+    """A plan (module docstring). ``scenario`` is the scenario as given, gates included;
+    ``confidence`` and ``bootstrap_draws`` are the one setting of every interval the plan's
+    aggregate, gates and reports give (from ``[gating]``)."""
+
+    kind: PlanKind
+    scenario: Scenario
+    scenario_path: str | None = None
+    options: RunOptions = RunOptions()
+    arms: list[Arm]
+    repeats: int = Field(1, ge=1)
+    control: bool = False
+    max_reruns: int = 0
+    confidence: float
+    bootstrap_draws: int
+
+    @property
+    def pooled(self) -> bool:
+        """Whether each arm has several runs, judged together (module docstring)."""
+        return self.kind != "sweep" and (self.repeats > 1 or self.control or self.max_reruns > 0)
+
+    @property
+    def single(self) -> bool:
+        """Whether the plan is one run, in the plan's own folder."""
+        return self.kind == "run"
+
+    def arm(self, name: str) -> Arm:
+        """The arm named ``name``. Raises ``KeyError``."""
+        for arm in self.arms:
+            if arm.name == name:
+                return arm
+        raise KeyError(name)
+
+    def entry(self, arm: Arm, role: Literal["repeat", "control"], index: int) -> RunEntry:
+        """Where run ``index`` of ``arm`` goes: ``<arm>/r<i>`` (``c<i>`` for a control run),
+        the arm's own folder when the arm is one run."""
+        name = f"{'r' if role == 'repeat' else 'c'}{index}" if self.pooled else ""
+        path = "/".join(p for p in (arm.folder, name) if p) or "."
+        return RunEntry(path=path, arm=arm.name, role=role, index=index)
+
+
+def _refuse(first: str, second: str, why: str) -> ScenarioError:
+    return ScenarioError(f"{first} with {second}: {why}")
+
+
+def _repeats_source(scenario: Scenario, options: RunOptions) -> str:
+    if options.repeats is not None:
+        return f"--repeats {options.repeats}"
+    return f"repeats = {scenario.repeats} (the scenario)"
+
+
+def _check_baseline(scenario: Scenario, options: RunOptions) -> None:
+    if options.baseline is not None and not options.use_baseline:
+        raise _refuse("--baseline", "--no-baseline", "they exclude each other")
+    relative = needs_baseline(scenario.gates)
+    if options.baseline is not None and not relative:
+        raise _refuse(
+            f"--baseline {options.baseline}",
+            f"scenario {scenario.name!r}",
+            "no gate of the scenario refers to 'baseline', so nothing would read it",
+        )
+    if relative and scenario.proxies and options.use_baseline:
+        raise _refuse(
+            "gates relative to 'baseline'",
+            "proxies = [...]",
+            "a baseline holds one configuration's figures, and a comparison has several; "
+            "gate each configuration on absolute bounds, or give --no-baseline to skip them",
+        )
+
+
+def _check_sweep(scenario: Scenario, options: RunOptions) -> None:
+    if scenario.proxies:
+        raise _refuse(
+            "zerowindow sweep", "proxies = [...]", "a sweep runs one proxy configuration: "
+            "use [proxy], or sweep each configuration in a scenario of its own",
+        )  # fmt: skip
+    repeats = options.repeats or scenario.repeats
+    if repeats > 1:
+        raise _refuse(
+            "zerowindow sweep",
+            _repeats_source(scenario, options),
+            "each step of a sweep is one run (its bisection decides on it)",
+        )
+    if scenario.control:
+        raise _refuse("zerowindow sweep", "control = true", "a sweep step has no control run")
+    if scenario.gating.inconclusive == "rerun":
+        raise _refuse(
+            "zerowindow sweep",
+            '[gating] inconclusive = "rerun"',
+            "a sweep step is one run, with no repeats to add; use \"warn\" or \"fail\"",
+        )
+    if needs_baseline(scenario.gates):
+        raise _refuse(
+            "zerowindow sweep", "gates relative to 'baseline'",
+            "a sweep gates each step on its own figures; use absolute bounds",
+        )  # fmt: skip
+    if not any(isinstance(g.arrival, RateArrivals) for g in scenario.groups):
+        raise ScenarioError(
+            'a sweep needs a group with arrival = { kind = "constant" | "poisson" | '
+            '"gamma", rate_rps = ... } (an open-loop group with a rate) to vary'
+        )
+
+
+def _check_workers(scenario: Scenario, options: RunOptions, *, series: bool) -> None:
+    if not options.remote_workers:
+        return
+    if series:
+        raise _refuse(
+            f"--remote-workers {options.remote_workers}",
+            "a plan of several runs (repeats, control, proxies or a sweep)",
+            "remote workers quit with their master after the first run; use --workers",
+        )
+
+
+def _arms(scenario: Scenario) -> list[Arm]:
+    if not scenario.proxies:
+        return [Arm(name=scenario.proxy.kind, folder="", proxy=scenario.proxy)]
+    return [_arm(p) for p in scenario.proxies]
+
+
+def _arm(named: NamedProxyConfig) -> Arm:
+    return Arm(name=named.name, folder=named.name, proxy=named.proxy)
+
+
+def make_plan(
+    scenario: Scenario, options: RunOptions | None = None, *, scenario_path: Path | None = None
+) -> Plan:
+    """The :class:`Plan` of ``scenario`` with ``options`` (module docstring). Raises
+    :class:`~zwcore.ScenarioError` naming both sides of a pair of options that cannot run
+    together, and why: ``--baseline`` with ``--no-baseline`` or with no relative gate,
+    relative gates with ``proxies``, a sweep with ``proxies``, repeats, ``control``, the rerun
+    policy, relative gates or no open-loop group, and remote workers with several runs."""
+    options = options or RunOptions()
+    _check_baseline(scenario, options)
+    repeats = options.repeats or scenario.repeats
+    reruns = scenario.gating.max_reruns if scenario.gating.inconclusive == "rerun" else 0
+    kind: PlanKind
+    if options.sweep is not None:
+        _check_sweep(scenario, options)
+        kind, repeats, reruns = "sweep", 1, 0
+    elif scenario.proxies:
+        kind = "comparison"
+    elif repeats > 1 or scenario.control or reruns:
+        kind = "repeats"
+    else:
+        kind = "run"
+    _check_workers(scenario, options, series=kind != "run")
+    return Plan(
+        kind=kind,
+        scenario=scenario,
+        scenario_path=None if scenario_path is None else str(scenario_path),
+        options=options,
+        arms=_arms(scenario),
+        repeats=repeats,
+        control=scenario.control and kind != "sweep",
+        max_reruns=reruns,
+        confidence=scenario.gating.confidence,
+        bootstrap_draws=scenario.gating.bootstrap_draws,
+    )
+
+
+def plan_of_one(scenario: Scenario, *, arm: str | None = None) -> Plan:
+    """The plan of one run of ``scenario`` as it ran, whatever its ``repeats``, ``control``
+    and ``proxies`` say (the run of a folder analysed again: one run of a larger plan is a
+    plan of one too); ``arm`` names its configuration (default: the proxy's kind)."""
+    return Plan(
+        kind="run",
+        scenario=scenario,
+        arms=[Arm(name=arm or scenario.proxy.kind, folder="", proxy=scenario.proxy)],
+        confidence=scenario.gating.confidence,
+        bootstrap_draws=scenario.gating.bootstrap_draws,
+    )
