@@ -75,7 +75,7 @@ def show_plan(result: PlanResult) -> None:
     except OSError as exc:
         typer.echo(f"cannot append to ${STEP_SUMMARY_ENV}: {exc}", err=True)
     if result.failure and result.exit_code:
-        typer.secho(f"{plan.kind} incomplete: {result.failure}", fg="red", err=True)
+        typer.secho(f"{plan.kind}: {result.failure}", fg="red", err=True)
     if (report := result.run_dir / REPORT_HTML).exists():
         typer.echo(f"report: {report}")
     if not plan.single:  # a run's tables end with its folder

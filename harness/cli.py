@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -15,7 +16,7 @@ from harness._cli_plan import show_plan
 from harness._cli_tools import add_tool_commands
 from harness.analysis import parse_goodput
 from harness.gates import BaselineError, load_baseline, save_baseline
-from harness.lifecycle import reanalyze, run_plan, run_suite
+from harness.lifecycle import plan_suite, reanalyze, run_plan, run_suite
 from harness.outputs import SuiteResult, print_suite
 from harness.runfolder import JUNIT_XML
 from harness.scenario import (
@@ -49,15 +50,27 @@ _RUN_TITLES = {
 
 
 def _options(scenario: Path, **fields: object) -> RunOptions:
-    """The command's options, an invalid one refused with exit 2."""
-    with setup_errors("invalid argument", scenario=scenario, also=(ValidationError,)):
+    """The command's options; an invalid one, or a pair that excludes each other, is refused
+    with exit 2 (pydantic's message, without its "Value error," prefix)."""
+    try:
         return RunOptions.model_validate(fields)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        message = str(err["msg"]).removeprefix("Value error, ")
+        fail("invalid arguments", f"{where}: {message}" if where else message, scenario=scenario)
 
 
-def _run_plan(scenario: Path, config: Scenario, options: RunOptions, out: Path) -> None:
-    """Make the plan (a pair of options that does not compose: exit 2), run it, show it."""
+def _run_plan(
+    scenario: Path, config: Scenario, options: RunOptions, out: Path, *, dry_run: bool
+) -> None:
+    """Make the plan (a pair of options that does not compose: exit 2), then print it
+    (``dry_run``) or run it and show the result."""
     with setup_errors(_RUN_TITLES, scenario=scenario):
         plan = make_plan(config, options, scenario_path=scenario)
+        if dry_run:
+            typer.echo(json.dumps(plan.describe(), indent=2))
+            raise typer.Exit(0)
         result = run_plan(plan, out_root=out)
     show_plan(result)
     raise typer.Exit(result.exit_code)
@@ -114,6 +127,10 @@ def run(
             "intervals (default: the scenario's repeats); with proxies, N times each",
         ),
     ] = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="print the plan (what would run, with which options)"),
+    ] = False,
 ) -> None:
     """Run SCENARIO and write results/<scenario>/<UTC timestamp>/: one run folder, or the
     plan's folder with one run folder per repeat (r1, r2 ..., control runs c1 ...) and per
@@ -124,14 +141,14 @@ def run(
     scenario, a pair of options that does not compose, or a set-up error (missing baseline,
     target did not start), 130 interrupted. Writes junit.xml into the folder; appends a
     Markdown summary to $GITHUB_STEP_SUMMARY when it is set."""
-    with setup_errors("invalid scenario", scenario=scenario):
-        config = load_scenario(scenario)
     options = _options(
         scenario, target_url=target_url, repeats=repeats, baseline=baseline,
         use_baseline=not no_baseline, workers=workers, remote_workers=remote_workers,
         master_bind=master_bind, progress=progress,
     )  # fmt: skip
-    _run_plan(scenario, config, options, out)
+    with setup_errors("invalid scenario", scenario=scenario):
+        config = load_scenario(scenario)
+    _run_plan(scenario, config, options, out, dry_run=dry_run)
 
 
 @app.command()
@@ -301,6 +318,10 @@ def sweep(
     workers: Annotated[
         int, typer.Option(min=0, help="run each group as a Locust master with N workers here")
     ] = 0,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="print the plan (what would run, with which options)"),
+    ] = False,
 ) -> None:
     """Run SCENARIO's open-loop groups at rising rates against one target: one request at a
     time, all at once, then rates between (or --rates), with --sla a bisection to the highest
@@ -320,7 +341,7 @@ def sweep(
         if sla_on not in ("rate", "concurrency"):
             raise ValueError(f"--sla-on {sla_on!r}: expected rate or concurrency")
     options = _options(scenario, target_url=target_url, workers=workers, sweep=settings)
-    _run_plan(scenario, config, options, out)
+    _run_plan(scenario, config, options, out, dry_run=dry_run)
 
 
 def _rates(text: str | None) -> list[float] | None:
@@ -372,6 +393,9 @@ def suite_run(
     ] = None,
     only: Annotated[str | None, typer.Option(help="comma-separated incident names to run")] = None,
     out: Annotated[Path, typer.Option(help="results root")] = Path("results"),
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="print each incident's plan; run nothing")
+    ] = False,
 ) -> None:
     """Run the incidents in DIRECTORY one after another: one JUnit test case per incident and
     per disconnect-matrix cell in results/suite/<stamp>/junit.xml, a summary table.
@@ -387,16 +411,15 @@ def suite_run(
         names = [n.strip() for n in only.split(",") if n.strip()] if only is not None else None
         if names is not None and not names:
             raise ValueError("--only: give incident names, comma-separated")
-        result = run_suite(
-            directory,
-            target=target,
-            target_url=target_url,
-            engine_dir=engine_dir,
-            only=names,
-            out_root=out,
-            model=model,
-            served_model_name=served_model_name,
-        )
+        planning = {
+            "target_url": target_url, "engine_dir": engine_dir, "only": names, "model": model,
+            "served_model_name": served_model_name,
+        }  # fmt: skip
+        if dry_run:
+            plans = plan_suite(directory, target=target, **planning)  # type: ignore[arg-type]
+            typer.echo(json.dumps([p.describe() for _, p in plans], indent=2))
+            raise typer.Exit(0)
+        result = run_suite(directory, target=target, out_root=out, **planning)
     print_suite(result)
     typer.echo(f"junit: {result.run_dir / JUNIT_XML}")
     raise typer.Exit(result.exit_code)

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.lifecycle import RunResult
-from harness.lifecycle._run import run_scenario
+from harness.lifecycle import RunResult, run_scenario
 from harness.scenario import Scenario, load_scenario, parse_gate
 from loadgen import AbortiveClose, Paced
 from tests.conftest import REPO

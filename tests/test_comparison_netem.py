@@ -51,8 +51,10 @@ def _group(run_dir: Path, config: str, group: str) -> dict[str, Any]:
 
 
 def test_one_network_for_every_configuration(run_dir: Path) -> None:
-    parent = _json(run_dir / "comparison-run.json")
-    assert parent["exit_code"] == 0 and parent["configurations"] == list(CONFIGS)
+    parent = _json(run_dir / "plan.json")
+    assert parent["exit_code"] == 0 and parent["status"] == "complete"
+    assert [a["name"] for a in parent["plan"]["arms"]] == list(CONFIGS)
+    assert [r["path"] for r in parent["runs"]] == list(CONFIGS)
     network = parent["network"]
     assert network["errors"] == [] and network["shaping"]["slow"]["backend"] in (
         "netem",
@@ -108,5 +110,5 @@ def test_remote_workers_are_refused_before_anything_starts(tmp_path: Path) -> No
         "run", str(SCENARIO), "--out", str(tmp_path), "--no-progress", "--remote-workers", "1"
     )
     assert done.returncode == 2
-    assert "--remote-workers cannot be combined with proxies" in done.stderr
+    assert "--remote-workers 1 with a plan of several runs" in done.stderr
     assert not any(tmp_path.iterdir())

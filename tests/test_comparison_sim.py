@@ -15,7 +15,7 @@ import shutil
 import pandas as pd
 import pytest
 
-from harness.lifecycle._comparison_run import ComparisonResult, run_comparison
+from harness.lifecycle import PlanResult, run
 from harness.scenario import load_scenario
 from tests.conftest import REPO
 
@@ -23,40 +23,40 @@ HOLD_S = 16.0  # the stalled readers' hold in the scenario: a cut must come befo
 
 
 @pytest.fixture(scope="module")
-def result(tmp_path_factory: pytest.TempPathFactory) -> ComparisonResult:
+def result(tmp_path_factory: pytest.TempPathFactory) -> PlanResult:
     scenario = load_scenario(REPO / "scenarios" / "sim-proxy-comparison.toml")
     if shutil.which("nginx") is None:
         scenario = scenario.model_copy(
             update={"proxies": [p for p in scenario.proxies if p.proxy.kind != "nginx"]}
         )
-    return run_comparison(scenario, out_root=tmp_path_factory.mktemp("comparison"))
+    return run(scenario, out_root=tmp_path_factory.mktemp("comparison"))
 
 
-def _group(result: ComparisonResult, config: str, group: str):
+def _group(result: PlanResult, config: str, group: str):
     summary = result.runs[config].summary
     return next(g for g in summary.groups if g.group == group)
 
 
-def test_each_configuration_ran_the_same_workload(result: ComparisonResult) -> None:
+def test_each_configuration_ran_the_same_workload(result: PlanResult) -> None:
     assert result.exit_code == 0, result.failure
     prompts = {}
-    for name, run in result.runs.items():
-        assert run.exit_code == 0, (name, run.summary.failure)
-        assert run.run_dir == result.run_dir / name
+    for name, one in result.runs.items():
+        assert one.exit_code == 0, (name, one.summary.failure)
+        assert one.run_dir == result.run_dir / name
         assert _group(result, name, "fast").outcomes == {"complete": 12}
         records = [
             json.loads(line)
             for g in ("fast", "stalled")
-            for line in (run.run_dir / f"records-{g}.jsonl").read_text().splitlines()
+            for line in (one.run_dir / f"records-{g}.jsonl").read_text().splitlines()
         ]
         assert len(records) == 15
-        sent = json.loads((run.run_dir / "group-stalled.json").read_text())
+        sent = json.loads((one.run_dir / "group-stalled.json").read_text())
         prompts[name] = (sent["seed"], tuple(sorted(r["prompt_tokens"] for r in records)))
     assert len(set(prompts.values())) == 1, prompts  # same seed, same prompt lengths served
     assert (result.run_dir / "sim.log").exists()  # one target for all
 
 
-def test_no_proxy_never_cuts_and_decodes_for_nobody(result: ComparisonResult) -> None:
+def test_no_proxy_never_cuts_and_decodes_for_nobody(result: PlanResult) -> None:
     stalled = _group(result, "none", "stalled")
     assert stalled.stalled == 3 and stalled.cut_seen == 0
     assert stalled.outcomes == {"client_abort": 3}
@@ -64,7 +64,7 @@ def test_no_proxy_never_cuts_and_decodes_for_nobody(result: ComparisonResult) ->
     assert waste is not None and waste > 3 * 1000  # far past the 8 tokens they read
 
 
-def test_egress_cuts_stalled_readers_within_its_timeout(result: ComparisonResult) -> None:
+def test_egress_cuts_stalled_readers_within_its_timeout(result: PlanResult) -> None:
     g = _group(result, "egress", "stalled")
     assert g.stalled == 3 and g.cut_seen == 3 and g.cut_rst == 3
     assert g.outcomes == {"cut_by_peer": 3}
@@ -82,7 +82,7 @@ def test_egress_cuts_stalled_readers_within_its_timeout(result: ComparisonResult
 
 @pytest.mark.skipif(shutil.which("nginx") is None, reason="nginx is not installed")
 def test_buffered_nginx_cuts_stalled_readers_after_its_send_timeout(
-    result: ComparisonResult,
+    result: PlanResult,
 ) -> None:
     g = _group(result, "nginx-buffered", "stalled")
     assert g.stalled == 3 and g.cut_seen == 3 and g.cut_rst == 3  # reset_timedout_connection
@@ -93,7 +93,7 @@ def test_buffered_nginx_cuts_stalled_readers_after_its_send_timeout(
     assert proxy is not None and proxy.kind == "nginx" and proxy.rss_peak_bytes
 
 
-def test_cutting_proxies_waste_less_decode(result: ComparisonResult) -> None:
+def test_cutting_proxies_waste_less_decode(result: PlanResult) -> None:
     wasted = {n: r.summary.server.undelivered_tokens for n, r in result.runs.items()}
     assert wasted["egress"] is not None and wasted["none"] is not None
     assert wasted["egress"] < wasted["none"] / 2, wasted
@@ -101,7 +101,7 @@ def test_cutting_proxies_waste_less_decode(result: ComparisonResult) -> None:
         assert wasted["nginx-buffered"] < wasted["none"], wasted
 
 
-def test_comparison_files(result: ComparisonResult) -> None:
+def test_comparison_files(result: PlanResult) -> None:
     data = json.loads((result.run_dir / "comparison.json").read_text())
     assert data["baseline"] == "none" and data["healthy_groups"] == ["fast"]
     groups = pd.DataFrame(data["groups"])

@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from harness.lifecycle import run_scenario
 from harness.lifecycle._distributed import (
     DistributedError,
     DistributedLoad,
@@ -23,10 +24,10 @@ from harness.lifecycle._distributed import (
     parse_address,
     worker_reports,
 )
-from harness.lifecycle._run import run_scenario
-from harness.scenario import Scenario
+from harness.scenario import RunOptions, Scenario, load_scenario, make_plan
 from loadgen import group_file, group_files, worker_of, workers_log
 from tests.conftest import REPO, ZEROWINDOW, only_run_dir
+from zwcore import ScenarioError
 
 
 def sim_scenario(*, users: int, requests_per_user: int, max_tokens: int, step_ms: float) -> dict:
@@ -70,7 +71,7 @@ def test_two_workers_record_every_request_exactly_once(tmp_path: Path) -> None:
     scenario = Scenario.model_validate(
         sim_scenario(users=6, requests_per_user=5, max_tokens=24, step_ms=2.0)
     )
-    result = run_scenario(scenario, out_root=tmp_path, distribution=Distribution(workers=2))
+    result = run_scenario(scenario, out_root=tmp_path, workers=2)
     assert result.exit_code == 0, result.summary.failure
     run_dir = result.run_dir
     files = group_files(run_dir, "records", "fast")
@@ -225,16 +226,18 @@ def test_distribution_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="invalid worker name"):
         group_file("/tmp", "records", "g", "a/b")
     # Shaped links: masters and workers run in the groups' namespaces, on their loopback.
-    Distribution(workers=2).check_in_namespaces()
-    Distribution(workers=2, master_host="0.0.0.0").check_in_namespaces()
-    with pytest.raises(DistributedError, match="workers on other machines cannot reach"):
-        Distribution(workers=1, remote_workers=1).check_in_namespaces()
-    with pytest.raises(DistributedError, match="--master-bind 10.1.2.3: with network profiles"):
-        Distribution(workers=1, master_host="10.1.2.3").check_in_namespaces()
-    # A comparison starts masters of its own for each configuration.
-    Distribution(workers=2).check_for_series()
-    with pytest.raises(DistributedError, match="quit with their master"):
-        Distribution(workers=0, remote_workers=1).check_for_series()
+    shaped = load_scenario(REPO / "scenarios" / "shaped-links.toml")
+    make_plan(shaped, RunOptions(workers=2))
+    make_plan(shaped, RunOptions(workers=2, master_bind="0.0.0.0:0"))
+    with pytest.raises(ScenarioError, match="workers on other machines cannot reach"):
+        make_plan(shaped, RunOptions(workers=1, remote_workers=1))
+    with pytest.raises(ScenarioError, match="--master-bind 10.1.2.3:0 with network profiles"):
+        make_plan(shaped, RunOptions(workers=1, master_bind="10.1.2.3:0"))
+    # A comparison starts masters of its own for each run: remote workers would quit.
+    comparison = load_scenario(REPO / "scenarios" / "sim-proxy-comparison.toml")
+    make_plan(comparison, RunOptions(workers=2))
+    with pytest.raises(ScenarioError, match="quit with their master"):
+        make_plan(comparison, RunOptions(remote_workers=1))
 
 
 def test_cli_rejects_bad_worker_options(tmp_path: Path) -> None:

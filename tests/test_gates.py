@@ -178,7 +178,8 @@ def _results():
 
 def test_junit_has_one_case_per_gate_with_value_and_bound():
     summary, results = _results()
-    root = ET.fromstring(junit_xml([junit_run(summary, results, run_dir=Path("/r"), baseline=None)]).tostring())
+    unit = junit_run(summary, results, run_dir=Path("/r"), baseline=None)
+    root = ET.fromstring(junit_xml([unit]).tostring())
     suite = root.find("testsuite")
     assert suite is not None and suite.get("name") == "zerowindow.s"
     assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("3", "1", "1")
@@ -194,7 +195,8 @@ def test_junit_has_one_case_per_gate_with_value_and_bound():
 def test_junit_reports_a_run_that_did_not_complete():
     summary, results = _results()
     summary = summary.model_copy(update={"status": "failed", "failure": "engine died"})
-    root = ET.fromstring(junit_xml([junit_run(summary, [], run_dir=Path("/r"), baseline=None)]).tostring())
+    unit = junit_run(summary, [], run_dir=Path("/r"), baseline=None)
+    root = ET.fromstring(junit_xml([unit]).tostring())
     error = root.find("testsuite/testcase[@name='run']/error")
     assert error is not None and error.get("message") == "run failed: engine died"
 

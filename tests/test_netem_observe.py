@@ -11,7 +11,7 @@ import pytest
 
 from harness.analysis._tables import _server_socket_figures
 from harness.collectors._collectors import SOCKET_COLUMNS, SocketSampler
-from harness.lifecycle._run import run_scenario
+from harness.lifecycle import run_scenario
 from harness.scenario import ScenarioError, parse_scenario
 from netem import tcp_connections
 

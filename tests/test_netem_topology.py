@@ -228,7 +228,7 @@ def test_shaped_run_on_the_sim_target(tmp_path: Path):
     saw the slow readers limited by their receive window for seconds, the fast ones not."""
     import pandas as pd
 
-    from harness.lifecycle._run import run_scenario
+    from harness.lifecycle import run_scenario
     from harness.scenario import parse_scenario
 
     before = host_snapshot()
@@ -382,7 +382,7 @@ action = { kind = "stop_reading", after_tokens = 8, hold_s = 3, close = "rst" }
 def test_capture_on_each_groups_link_finds_zero_windows_and_who_reset(tmp_path: Path):
     import pandas as pd
 
-    from harness.lifecycle._run import run_scenario
+    from harness.lifecycle import run_scenario
     from harness.scenario import parse_scenario
 
     scenario = parse_scenario(WIRE_SIM, path=tmp_path / "wire.toml")

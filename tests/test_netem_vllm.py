@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.lifecycle import Distribution
-from harness.lifecycle._comparison_run import run_comparison
-from harness.scenario import load_scenario
+from harness.lifecycle import run
+from harness.scenario import RunOptions, load_scenario
 from netem import has_net_admin
 from tests.conftest import REPO, vllm_available
 
@@ -34,21 +33,21 @@ def test_proxy_comparison_with_3g_readers_and_workers_on_vllm(tiny_model: Path, 
     # nginx behind shaped links runs in test_comparison_netem (on the emulator), nginx on vLLM
     # in test_proxy_vllm: here none and egress keep the suite a minute shorter.
     proxies = [p for p in scenario.proxies if p.name != "nginx-buffered"]
-    result = run_comparison(
+    result = run(
         scenario.model_copy(update={"target": target, "proxies": proxies}),
+        RunOptions(workers=2),
         out_root=tmp_path,
-        distribution=Distribution(workers=2),
     )
     assert result.exit_code == 0, result.failure
     assert list(result.runs) == ["none", "egress"]
-    network = json.loads((result.run_dir / "comparison-run.json").read_text())["network"]
+    network = json.loads((result.run_dir / "plan.json").read_text())["network"]
     assert network["shaping"]["slow"]["backend"] in ("netem", "fallback")
     assert network["measured"]["slow"]["measured"]["rtt_ms"] == pytest.approx(300, rel=0.15)
-    for name, run in result.runs.items():
-        info = json.loads((run.run_dir / "run.json").read_text())
+    for name, one in result.runs.items():
+        info = json.loads((one.run_dir / "one.json").read_text())
         assert info["network"]["measured"] == network["measured"], name  # measured once
         assert all(len(p["workers"]) == 2 for p in info["load_processes"]), name
-        groups = {g.group: g for g in run.summary.groups}
+        groups = {g.group: g for g in one.summary.groups}
         assert groups["slow"].outcomes == {"complete": 4}, name
         assert groups["fast"].outcomes == {"complete": 8}, name
         assert groups["slow"].ttft_p50_ms is not None and groups["slow"].ttft_p50_ms > 500
@@ -57,7 +56,7 @@ def test_proxy_comparison_with_3g_readers_and_workers_on_vllm(tiny_model: Path, 
         slow_rwnd = groups["slow"].server_rwnd_limited_p50_ms or 0
         fast_rwnd = groups["fast"].server_rwnd_limited_p50_ms or 0
         assert slow_rwnd > 2_000 and fast_rwnd < 1_000, (name, slow_rwnd, fast_rwnd)
-        verdict = run.summary.verdicts["kv_held_by_undelivered_streams"]
+        verdict = one.summary.verdicts["kv_held_by_undelivered_streams"]
         assert verdict["status"] == "none", (name, verdict["line"])  # vLLM frees on finish
     proxy = result.runs["egress"].summary.proxy
     assert proxy is not None and (proxy.buffered_peak_bytes or 0) > 100_000, proxy

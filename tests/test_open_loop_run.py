@@ -13,8 +13,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from harness.lifecycle import Distribution
-from harness.lifecycle._run import run_scenario
+from harness.lifecycle import run_scenario
 from harness.scenario import Scenario
 from loadgen import ARRIVALS, prompt_seed
 
@@ -106,7 +105,7 @@ def test_a_concurrency_ceiling_makes_late_requests_wait(tmp_path):
 def test_two_workers_split_the_schedule_without_loss_or_duplicate(tmp_path):
     arrival = {"kind": "poisson", "rate_rps": 40, "requests": 60}
     result = run_scenario(
-        _scenario(arrival, name="split"), out_root=tmp_path, distribution=Distribution(2)
+        _scenario(arrival, name="split"), out_root=tmp_path, workers=2
     )
     assert result.exit_code == 0, result.summary.failure
     sent = _sent(result)

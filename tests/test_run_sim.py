@@ -8,8 +8,7 @@ import shutil
 import pandas as pd
 import pytest
 
-from harness.lifecycle import RunResult
-from harness.lifecycle._run import run_scenario
+from harness.lifecycle import RunResult, run_scenario
 from harness.scenario import Scenario, load_scenario
 from harness.servers import EgressProxyConfig, NginxProxyConfig
 from tests.conftest import REPO

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harness.lifecycle._run import run_scenario
+from harness.lifecycle import run_scenario
 from harness.runfolder import figures
 from harness.scenario import Scenario
 

@@ -85,8 +85,9 @@ def test_each_run_is_a_run_folder_and_the_sweep_has_its_table_and_plots(sweep: P
     assert "| run | offered req/s |" in (sweep / "sweep.md").read_text()
     page = (sweep / "sweep.html").read_text()
     assert "plotly" in page and "TTFT (ms)" in page
-    record = json.loads((sweep / "sweep-run.json").read_text())
-    assert record["exit_code"] == 0 and record["swept_groups"] == ["traffic"]
+    record = json.loads((sweep / "plan.json").read_text())
+    assert record["exit_code"] == 0 and record["plan"]["kind"] == "sweep"
+    assert [r["path"] for r in record["runs"]] == [p["label"] for p in data["points"]]
 
 
 def test_a_scenario_without_an_open_loop_group_is_refused(tmp_path: Path) -> None:
@@ -106,21 +107,26 @@ def test_a_scenario_without_an_open_loop_group_is_refused(tmp_path: Path) -> Non
 
 
 def test_the_concurrency_search_finds_the_highest_ceiling_that_passes(tmp_path: Path) -> None:
-    from harness.lifecycle import run_sweep
-    from harness.scenario import parse_scenario
+    from harness.lifecycle import run
+    from harness.scenario import RunOptions, SweepSettings, parse_scenario
 
     # 24 requests at once, at most c in flight: up to c = 4 (the engine's batch) each is
     # scheduled as it arrives and its first token comes within a step or two; above, the
     # fifth waits in the engine's queue for a whole request (~0.5 s). A 300 ms TTFT bound
     # (from the send) therefore holds up to 4: the bisection must find the batch size.
     text = SCENARIO.replace("requests = 40", "requests = 24").replace("1500", "300")
-    result = run_sweep(
-        parse_scenario(text, path=tmp_path / "s.toml"), steps=0, sla=True,
-        sla_on="concurrency", sla_steps=4, serial_requests=4, out_root=tmp_path,
+    settings = SweepSettings(
+        steps=0, sla=True, sla_on="concurrency", sla_steps=4, serial_requests=4
+    )
+    result = run(
+        parse_scenario(text, path=tmp_path / "s.toml"), RunOptions(sweep=settings),
+        out_root=tmp_path,
     )  # fmt: skip
     assert result.exit_code == 0, result.failure
-    searched = [(p.max_concurrency, p.gates_passed) for p in result.points if p.phase == "sla"]
+    assert result.sweep is not None
+    points = result.sweep.points
+    searched = [(p.max_concurrency, p.gates_passed) for p in points if p.phase == "sla"]
     assert len(searched) >= 2
     passing = [c for c, ok in searched if ok]
-    assert result.sla_concurrency == (max(passing) if passing else None)
-    assert result.sla_concurrency == 4, searched
+    assert result.sweep.sla_concurrency == (max(passing) if passing else None)
+    assert result.sweep.sla_concurrency == 4, searched

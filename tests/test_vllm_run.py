@@ -14,7 +14,7 @@ import pandas as pd
 import psutil
 import pytest
 
-from harness.lifecycle._run import run_scenario
+from harness.lifecycle import run_scenario
 from harness.scenario import parse_scenario
 from tests.conftest import REPO, VLLM_ARGS, ZEROWINDOW, only_run_dir, tiny_model  # noqa: F401
 

@@ -28,7 +28,7 @@ from harness.lifecycle._plan_run import run, run_plan, run_scenario
 from harness.lifecycle._progress import RunProgress
 from harness.lifecycle._results import ArmResult, PlanResult, RunResult
 from harness.lifecycle._signals import RunInterrupted
-from harness.lifecycle._suite import load_incidents, run_suite
+from harness.lifecycle._suite import load_incidents, plan_suite, run_suite
 
 __all__ = [
     "EXIT_FAILED",
@@ -49,6 +49,7 @@ __all__ = [
     "exit_code",
     "load_incidents",
     "parse_address",
+    "plan_suite",
     "reanalyze",
     "run",
     "run_gate_trials",

@@ -47,8 +47,6 @@ from zwcore import LoadError
 
 # How long a master waits for its workers to connect before giving up (s).
 EXPECT_WORKERS_MAX_WAIT_S = 60
-# Master addresses that mean the same inside a network namespace as on the host.
-LOOPBACK_OR_ANY = ("127.0.0.1", "localhost", "*", "0.0.0.0")
 
 
 class DistributedError(LoadError, ValueError):
@@ -75,33 +73,6 @@ class Distribution:
             raise DistributedError("--workers/--remote-workers: at least one worker is needed")
         if not 0 <= self.master_port <= 65535:
             raise DistributedError(f"master port {self.master_port} is out of range")
-
-    def check_for_series(self) -> None:
-        """Raises :class:`DistributedError` for remote workers in a series of runs (a proxy
-        comparison, a sweep): a worker quits with its master, and each run starts masters of
-        its own."""
-        if self.remote_workers:
-            raise DistributedError(
-                "--remote-workers cannot be combined with proxies = [...] or a sweep: remote "
-                "workers quit with their master after the first run; use --workers"
-            )
-
-    def check_in_namespaces(self) -> None:
-        """Raises :class:`DistributedError` unless the masters can run inside the groups'
-        network namespaces (shaped links): there they listen on the namespace's own loopback,
-        which only the local workers started beside them can reach."""
-        if self.remote_workers:
-            raise DistributedError(
-                "--remote-workers cannot be combined with network profiles, [server_net] or "
-                "[netem] isolate: each group's master runs inside the group's network "
-                "namespace, which workers on other machines cannot reach; use --workers"
-            )
-        if self.master_host not in LOOPBACK_OR_ANY:
-            raise DistributedError(
-                f"--master-bind {self.master_host}: with network profiles the masters run "
-                "inside the groups' network namespaces and listen on their loopback; "
-                "give 127.0.0.1 (the default) or leave --master-bind out"
-            )
 
     def for_group(self, index: int) -> dict[str, Any]:
         """Keyword arguments of :func:`start_distributed_load` for the ``index``-th group."""

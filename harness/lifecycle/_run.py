@@ -368,16 +368,13 @@ def plan_run(
     """The target (``target_url``: an already running server instead of the scenario's), the
     network the scenario needs, if any, and the CPU placement. Raises :class:`ScenarioError`
     for an invalid ``target_url``, a target that cannot run inside the network, or a
-    ``[placement]`` naming CPUs that are not usable, and
-    :class:`~harness.lifecycle.DistributedError` for a ``distribution`` that cannot run in
-    the groups' namespaces."""
+    ``[placement]`` naming CPUs that are not usable (a ``distribution`` that cannot run in the
+    groups' namespaces is refused by :func:`~harness.scenario.make_plan`)."""
     if target_url is not None:
         scenario = scenario.model_copy(update={"target": url_target(scenario, target_url)})
     scenario, network = plan_network(scenario)
     target = make_target(scenario.target)
     placement = plan_placement(scenario.placement, target_started=bool(target.processes()))
-    if network is not None and distribution is not None:
-        distribution.check_in_namespaces()
     return RunPlan(scenario, target, network, placement)
 
 

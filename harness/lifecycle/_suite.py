@@ -190,22 +190,21 @@ def _record(folder: Path, entries: list[dict[str, Any]], **extra: Any) -> None:
     write_json(folder / SUITE_JSON, {**extra, "incidents": entries})
 
 
-def run_suite(
+def plan_suite(
     directory: Path,
     *,
     target: str = SCENARIO_TARGET,
     target_url: str | None = None,
     engine_dir: Path | None = None,
     only: list[str] | None = None,
-    out_root: Path = Path("results"),
     model: str = "models/tiny",
     served_model_name: str | None = None,
     options: RunOptions | None = None,
-) -> SuiteResult:
-    """Run the incidents of ``directory`` (see the module docstring) one after another, each
-    as its plan with ``options``; never raises for a failed run (its case says why). Raises
-    :class:`ScenarioError`, before anything starts, for an invalid incident, a pair of options
-    an incident's plan refuses, or an unknown ``target``."""
+) -> list[tuple[Path, Plan]]:
+    """The plan of each incident of ``directory`` against the suite's target (module
+    docstring), with ``options``. Raises :class:`ScenarioError` for an invalid incident, a
+    pair of options an incident's plan refuses, an unknown ``target``, or a ``target_url``
+    whose model cannot be read."""
     incidents = load_incidents(directory, only)
     if target_url is not None and served_model_name is None:
         served_model_name = served_model(target_url)
@@ -216,6 +215,21 @@ def run_suite(
             served_model_name=served_model_name,
         )  # fmt: skip
         plans.append((path, make_plan(scenario, options, scenario_path=path)))
+    return plans
+
+
+def run_suite(
+    directory: Path,
+    *,
+    target: str = SCENARIO_TARGET,
+    out_root: Path = Path("results"),
+    **planning: Any,
+) -> SuiteResult:
+    """Run the incidents of ``directory`` (see the module docstring) one after another, each
+    as its plan (:func:`plan_suite`, which takes ``planning``); never raises for a failed run
+    (its case says why). Raises what :func:`plan_suite` raises, before anything starts."""
+    plans = plan_suite(directory, target=target, **planning)
+    target_url = planning.get("target_url")
     folder = out_root / "suite" / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     folder.mkdir(parents=True, exist_ok=True)
     result, entries = SuiteResult(folder), list[dict[str, Any]]()

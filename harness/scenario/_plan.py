@@ -28,7 +28,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from harness.scenario._gate_syntax import needs_baseline
 from harness.scenario._models import NamedProxyConfig, Scenario
@@ -78,6 +78,12 @@ class RunOptions(_Strict):
     master_bind: str = "127.0.0.1:0"
     progress: bool = False
     sweep: SweepSettings | None = None
+
+    @model_validator(mode="after")
+    def _one_way_to_baseline(self) -> RunOptions:
+        if self.baseline is not None and not self.use_baseline:
+            raise ValueError("--baseline and --no-baseline exclude each other")
+        return self
 
 
 class Arm(_Strict):
@@ -138,6 +144,45 @@ class Plan(_Strict):
                 return arm
         raise KeyError(name)
 
+    def planned(self) -> list[str]:
+        """The folders of the runs the plan makes for sure, in run order (reruns come on top
+        while a gate is inconclusive; a sweep's steps are decided as it goes: its first two
+        and the ``+ ...`` they lead to)."""
+        if self.kind == "sweep":
+            settings = self.options.sweep or SweepSettings()
+            rates = len(settings.rates_rps) if settings.rates_rps is not None else settings.steps
+            tail = [f"+ {rates} rate steps"] + ([f"+ up to {settings.sla_steps} sla steps"]
+                                               if settings.sla else [])  # fmt: skip
+            return ["serial", "throughput", *tail]
+        out = []
+        for index in range(1, self.repeats + 1):
+            for arm in self.arms:
+                out.append(self.entry(arm, "repeat", index).path)
+                if self.control:
+                    out.append(self.entry(arm, "control", index).path)
+        if self.max_reruns:
+            out.append(f"+ up to {self.max_reruns} reruns per configuration while a gate is "
+                       "inconclusive")  # fmt: skip
+        return out
+
+    def describe(self) -> dict[str, object]:
+        """What ``zerowindow run --dry-run`` prints: the plan's kind, its configurations, what
+        runs, and every option it took."""
+        return {
+            "scenario": self.scenario.name,
+            "kind": self.kind,
+            "configurations": [a.name for a in self.arms],
+            "repeats": self.repeats,
+            "control": self.control,
+            "max_reruns": self.max_reruns,
+            "pooled": self.pooled,
+            "network": self.scenario.needs_topology(),
+            "runs": self.planned(),
+            "confidence": self.confidence,
+            "bootstrap_draws": self.bootstrap_draws,
+            "options": self.options.model_dump(mode="json", exclude_defaults=True),
+        }
+
     def entry(self, arm: Arm, role: Literal["repeat", "control"], index: int) -> RunEntry:
         """Where run ``index`` of ``arm`` goes: ``<arm>/r<i>`` (``c<i>`` for a control run),
         the arm's own folder when the arm is one run."""
@@ -157,8 +202,6 @@ def _repeats_source(scenario: Scenario, options: RunOptions) -> str:
 
 
 def _check_baseline(scenario: Scenario, options: RunOptions) -> None:
-    if options.baseline is not None and not options.use_baseline:
-        raise _refuse("--baseline", "--no-baseline", "they exclude each other")
     relative = needs_baseline(scenario.gates)
     if options.baseline is not None and not relative:
         raise _refuse(
@@ -208,15 +251,32 @@ def _check_sweep(scenario: Scenario, options: RunOptions) -> None:
         )
 
 
+LOOPBACK_OR_ANY = ("127.0.0.1", "localhost", "*", "0.0.0.0")
+"""Master addresses that mean the same inside a network namespace as on the host."""
+
+
 def _check_workers(scenario: Scenario, options: RunOptions, *, series: bool) -> None:
-    if not options.remote_workers:
-        return
-    if series:
+    remote = f"--remote-workers {options.remote_workers}"
+    if options.remote_workers and series:
         raise _refuse(
-            f"--remote-workers {options.remote_workers}",
-            "a plan of several runs (repeats, control, proxies or a sweep)",
+            remote, "a plan of several runs (repeats, control, proxies or a sweep)",
             "remote workers quit with their master after the first run; use --workers",
-        )
+        )  # fmt: skip
+    if not scenario.needs_topology() or not (options.workers or options.remote_workers):
+        return
+    shaped = "network profiles, [server_net] or [netem] isolate"
+    if options.remote_workers:
+        raise _refuse(
+            remote, shaped, "each group's master runs inside the group's network namespace, "
+            "which workers on other machines cannot reach; use --workers",
+        )  # fmt: skip
+    host = options.master_bind.rpartition(":")[0] or options.master_bind
+    if host.strip("[]") not in LOOPBACK_OR_ANY:
+        raise _refuse(
+            f"--master-bind {options.master_bind}", shaped,
+            "the masters run inside the groups' network namespaces and listen on their "
+            "loopback; give 127.0.0.1 (the default) or leave --master-bind out",
+        )  # fmt: skip
 
 
 def _arms(scenario: Scenario) -> list[Arm]:
@@ -236,7 +296,8 @@ def make_plan(
     :class:`~zwcore.ScenarioError` naming both sides of a pair of options that cannot run
     together, and why: ``--baseline`` with ``--no-baseline`` or with no relative gate,
     relative gates with ``proxies``, a sweep with ``proxies``, repeats, ``control``, the rerun
-    policy, relative gates or no open-loop group, and remote workers with several runs."""
+    policy, relative gates or no open-loop group, and remote workers with several runs
+    (``--baseline`` with ``--no-baseline``: :class:`RunOptions` refuses them)."""
     options = options or RunOptions()
     _check_baseline(scenario, options)
     repeats = options.repeats or scenario.repeats
