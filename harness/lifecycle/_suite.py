@@ -33,6 +33,7 @@ import httpx
 
 from harness.gates import GateResult, evaluate_gates
 from harness.lifecycle._exit import EXIT_INTERRUPTED, decide
+from harness.lifecycle._inputs import baseline_for
 from harness.lifecycle._plan_run import run_plan
 from harness.lifecycle._results import PlanResult
 from harness.lifecycle._signals import RunInterrupted, signals_raise
@@ -203,8 +204,9 @@ def plan_suite(
 ) -> list[tuple[Path, Plan]]:
     """The plan of each incident of ``directory`` against the suite's target (module
     docstring), with ``options``. Raises :class:`ScenarioError` for an invalid incident, a
-    pair of options an incident's plan refuses, an unknown ``target``, or a ``target_url``
-    whose model cannot be read."""
+    pair of options an incident's plan refuses, a baseline an incident's relative gates need
+    that cannot be loaded, an unknown ``target``, or a ``target_url`` whose model cannot be
+    read."""
     incidents = load_incidents(directory, only)
     if target_url is not None and served_model_name is None:
         served_model_name = served_model(target_url)
@@ -214,7 +216,12 @@ def plan_suite(
             scenario, target, target_url=target_url, engine_dir=engine_dir, model=model,
             served_model_name=served_model_name,
         )  # fmt: skip
-        plans.append((path, make_plan(scenario, options, scenario_path=path)))
+        plan = make_plan(scenario, options, scenario_path=path)
+        try:  # a baseline the incident's relative gates need stops the suite now, not later
+            baseline_for(plan.scenario, plan.options.baseline, use=plan.options.use_baseline)
+        except RunFolderError as exc:
+            raise ScenarioError(f"incident {scenario.name!r} ({path}): {exc}") from None
+        plans.append((path, plan))
     return plans
 
 
