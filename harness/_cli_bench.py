@@ -13,20 +13,18 @@ import typer
 
 from harness._cli_errors import fail, setup_errors
 from harness.benchmarks import (
+    CLIENTS,
     PROXY_NAMES,
     BenchInterrupted,
     ClientBench,
     ProxyBench,
     ProxyWorkload,
-    run_client_bench,
-    run_proxy_bench,
-)
-from harness.benchmarks._client_bench import CLIENTS
-from harness.benchmarks._common import interruptible
-from harness.benchmarks._render import (
     client_cells,
+    interruptible,
     proxy_cells,
     rich_table,
+    run_client_bench,
+    run_proxy_bench,
     skipped_lines,
     targets_met,
     to_json,

@@ -62,14 +62,14 @@ def model_tiny(
     """Write a random-weight Llama model and a locally trained tokenizer (no network); with
     --format gguf, also one GGUF file of it (made from the folder in DIR, written first if DIR
     has no config.json)."""
-    from harness.servers._tiny_model import make_tiny_model
+    from harness.servers import make_tiny_model
 
     with setup_errors(f"cannot write the tiny model to {out_dir}", also=(ValueError,)):
         if format is ModelFormat.hf or not (out_dir / "config.json").exists():
             path = make_tiny_model(out_dir, seed=seed)
             typer.echo(f"tiny model written to {path}")
         if format is ModelFormat.gguf:
-            from harness.servers._tiny_gguf import GGUF_NAME, write_gguf
+            from harness.servers import GGUF_NAME, write_gguf
 
             typer.echo(str(write_gguf(out_dir, out_dir / GGUF_NAME)))
 
@@ -111,7 +111,7 @@ def engine_build_llama_server(
     From the llama.cpp vendored in the llama-cpp-python sdist the Python engine uses (about 11
     minutes on 2 CPUs); a second call returns the cached binary at once. Prints the binary's
     path (the steps go to stderr). Run it with --no-ui: it has no web UI."""
-    from harness.servers._llama_build import build_llama_server
+    from harness.servers import build_llama_server
 
     with setup_errors("cannot build llama-server", also=(RuntimeError, ValueError)):
         path = build_llama_server(jobs=jobs, log=lambda line: typer.echo(line, err=True))

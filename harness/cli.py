@@ -238,7 +238,7 @@ def compare(
     """Print the runs' figures side by side, with ratios against the first run."""
     from rich.console import Console
 
-    from harness.outputs._compare import FORMATS, compare_runs, html_page, render, rich_table
+    from harness.outputs import FORMATS, compare_runs, html_page, render, rich_table
 
     if len(run_dirs) < 2:
         fail("invalid arguments", f"compare needs two or more run folders, got {len(run_dirs)}")

@@ -47,6 +47,19 @@ def test_typed_summary(zerowindow_run):
 
 def test_failing_gate_fails_the_test(zerowindow_run):
     zerowindow_run("plugin.toml", overrides={"gates": ["fast.ttft_p50_ms < 0.001"]}, check=True)
+
+
+def test_every_configuration_runs_its_repeats(zerowindow_run):
+    proxies = [{"name": "none", "kind": "none"}, {"name": "egress", "kind": "egress"}]
+    result = zerowindow_run("plugin.toml", overrides={"proxies": proxies}, repeats=2)
+    assert result.exit_code == 0, result.failure
+    assert sorted(result.runs) == ["egress/r1", "egress/r2", "none/r1", "none/r2"]
+    for name, arm in result.arms.items():
+        assert [r.summary.groups[0].requests for r in arm.runs] == [2, 2], name
+        ttft = arm.estimates["fast.ttft_p50_ms"]
+        assert ttft["low"] <= ttft["value"] <= ttft["high"], name
+        assert [g.verdict for g in arm.gates] == ["pass"], name
+    assert result.comparison is not None and result.comparison.repeats == {"none": 2, "egress": 2}
 """
 
 
@@ -75,7 +88,7 @@ def test_fixture_runs_a_scenario_and_returns_its_summary(
     result = pytester.runpytest_subprocess(
         "--zerowindow-out", str(out), "-p", "no:cacheprovider", timeout=300
     )
-    result.assert_outcomes(passed=1, failed=1)
+    result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(
         [
             "*zerowindow run */plugin/* exited 1",
@@ -83,3 +96,4 @@ def test_fixture_runs_a_scenario_and_returns_its_summary(
         ]
     )
     assert len(list(out.glob("plugin/*/summary.json"))) == 2
+    assert len(list(out.glob("plugin/*/plan.json"))) == 1  # the comparison's folder

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from harness.benchmarks._client_bench import (
+        CLIENTS,
         ItlResult,
         SendLagResult,
         SlowResult,
@@ -23,7 +24,13 @@ if TYPE_CHECKING:
         run_slow,
     )
     from harness.benchmarks._client_check import ClientBench, run_client_bench, vllm_missing
-    from harness.benchmarks._common import BenchError, BenchInterrupted, Machine, Verdict
+    from harness.benchmarks._common import (
+        BenchError,
+        BenchInterrupted,
+        Machine,
+        Verdict,
+        interruptible,
+    )
     from harness.benchmarks._proxy_bench import (
         PROXY_NAMES,
         ProxyBench,
@@ -31,10 +38,28 @@ if TYPE_CHECKING:
         ProxyWorkload,
         run_proxy_bench,
     )
+    from harness.benchmarks._render import (
+        client_cells,
+        proxy_cells,
+        rich_table,
+        skipped_lines,
+        targets_met,
+        to_json,
+        verdict_lines,
+    )
 
 # Loaded on first use, so that the servers the benchmarks start as children (``python -m
 # harness.benchmarks._sse_server``, ``._upstream``, ``._vllm_client``) import only themselves.
 _LAZY = {
+    "verdict_lines": "harness.benchmarks._render",
+    "to_json": "harness.benchmarks._render",
+    "targets_met": "harness.benchmarks._render",
+    "skipped_lines": "harness.benchmarks._render",
+    "rich_table": "harness.benchmarks._render",
+    "proxy_cells": "harness.benchmarks._render",
+    "client_cells": "harness.benchmarks._render",
+    "interruptible": "harness.benchmarks._common",
+    "CLIENTS": "harness.benchmarks._client_bench",
     "BenchError": "harness.benchmarks._common",
     "BenchInterrupted": "harness.benchmarks._common",
     "ClientBench": "harness.benchmarks._client_check",
@@ -56,6 +81,15 @@ _LAZY = {
 }
 
 __all__ = [
+    "verdict_lines",
+    "to_json",
+    "targets_met",
+    "skipped_lines",
+    "rich_table",
+    "proxy_cells",
+    "client_cells",
+    "interruptible",
+    "CLIENTS",
     "BenchError",
     "BenchInterrupted",
     "ClientBench",

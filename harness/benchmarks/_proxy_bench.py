@@ -57,7 +57,7 @@ from harness.benchmarks._common import (
     ratio,
 )
 from harness.benchmarks._upstream import read_streams
-from harness.collectors._proxy_probe import procs_rss_bytes
+from harness.collectors import procs_rss_bytes
 from harness.servers import (
     EgressProxyConfig,
     EnvoyProxyConfig,

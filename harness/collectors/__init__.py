@@ -9,9 +9,15 @@ from harness.collectors._collectors import (
     parse_vllm_metrics,
 )
 from harness.collectors._engine_tables import collect_engine_tables
-from harness.collectors._proxy_probe import ProxyProbe, parse_egress_metrics, tree_rss_bytes
+from harness.collectors._proxy_probe import (
+    ProxyProbe,
+    parse_egress_metrics,
+    procs_rss_bytes,
+    tree_rss_bytes,
+)
 
 __all__ = [
+    "procs_rss_bytes",
     "SOCKET_COLUMNS",
     "MetricsScraper",
     "ProxyProbe",

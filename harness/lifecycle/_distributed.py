@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 from harness.lifecycle._loadrun import LoadProcess, exit_detail
 from harness.runfolder import LoadWorker
-from harness.servers._process import start_process, stop_process_group
+from harness.servers import start_process, stop_process_group
 from loadgen import (
     WORKER_DIR_ENV,
     WORKER_FORWARD_ENV,

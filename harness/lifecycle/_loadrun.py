@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import loadgen
-from harness.servers._process import start_process, stop_process_group
+from harness.servers import start_process, stop_process_group
 from loadgen import SATURATION_ENV, VANISH_TABLE_ENV, UserGroupConfig, group_file
 from netem import remove_resource
 

@@ -21,8 +21,7 @@ from typing import Any
 import pandas as pd
 
 from harness.scenario import Scenario, ScenarioError
-from harness.servers import Target
-from harness.servers._health import free_port
+from harness.servers import Target, free_port
 from netem import (
     CaptureError,
     LinkProfile,

@@ -37,8 +37,14 @@ from harness.lifecycle._inputs import baseline_for
 from harness.lifecycle._plan_run import run_plan
 from harness.lifecycle._results import PlanResult
 from harness.lifecycle._signals import RunInterrupted, signals_raise
-from harness.outputs import CaseOutcome, SuiteResult, write_suite_junit
-from harness.outputs._matrix import abort_text, ratio_text, wasted_text
+from harness.outputs import (
+    CaseOutcome,
+    SuiteResult,
+    abort_text,
+    ratio_text,
+    wasted_text,
+    write_suite_junit,
+)
 from harness.runfolder import SUITE_JSON, MatrixCell, read_json, write_json
 from harness.scenario import Plan, RunOptions, Scenario, load_scenario, make_plan
 from harness.servers import TARGETS, TargetConfigBase, UrlTargetConfig

@@ -2,10 +2,11 @@
 GitHub step summary, the HTML report, ``zerowindow compare``, the proxy comparison, the
 sweep and the incident suite."""
 
-from harness.outputs._compare import compare_runs, html_page, render
+from harness.outputs._compare import FORMATS, compare_runs, html_page, render, rich_table
 from harness.outputs._comparison import print_comparison, to_markdown, write_comparison
 from harness.outputs._console import print_gates, print_summary
 from harness.outputs._junit import JunitSuite, junit_run, junit_xml, write_junit
+from harness.outputs._matrix import abort_text, ratio_text, wasted_text
 from harness.outputs._repeats import print_repeats, repeats_markdown
 from harness.outputs._report import ReportError, render_report, report_or_warning, write_report
 from harness.outputs._step_summary import (
@@ -27,6 +28,11 @@ from harness.outputs._suite import (
 from harness.outputs._sweep import print_sweep, write_sweep
 
 __all__ = [
+    "wasted_text",
+    "ratio_text",
+    "abort_text",
+    "rich_table",
+    "FORMATS",
     "JunitSuite",
     "junit_run",
     "STEP_SUMMARY_ENV",

@@ -36,15 +36,17 @@ from harness.analysis import (
     uncertainty_of,
 )
 from harness.outputs._format import fmt_number
-from harness.outputs._report._data import (
+from harness.outputs._report import (
     ReportError,
     RunData,
+    cdf_figure,
+    fragment,
     itl_ms,
     load_run,
+    plotly_js,
     ttft_ms,
     user_classes,
 )
-from harness.outputs._report._plots import cdf_figure, fragment, plotly_js
 from harness.runfolder import RunSummary, figures
 from zwcore import RunFolderError
 

@@ -12,7 +12,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from harness.analysis._comparison import Comparison
+from harness.analysis import Comparison
 from harness.outputs._format import fmt_number
 from harness.runfolder import COMPARISON_JSON, COMPARISON_MD
 

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness.gates._evaluate import GateResult
+from harness.gates import GateResult
 from harness.outputs._format import fmt_number as _f
 from harness.outputs._matrix import print_matrix
 from harness.runfolder import RunSummary

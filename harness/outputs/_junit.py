@@ -19,7 +19,7 @@ from pathlib import Path
 
 from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
 
-from harness.gates._evaluate import GateResult
+from harness.gates import GateResult
 from harness.runfolder import RunSummary
 
 

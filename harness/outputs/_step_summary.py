@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from harness.gates._evaluate import GateResult
+from harness.gates import GateResult
 from harness.outputs._format import fmt_number as _f
 from harness.runfolder import RunSummary
 

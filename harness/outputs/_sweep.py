@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from harness.outputs._format import fmt_number
-from harness.outputs._report._plots import fragment, plotly_js
+from harness.outputs._report import fragment, plotly_js
 from harness.runfolder import SWEEP_JSON
 
 SWEEP_MD, SWEEP_HTML = "sweep.md", "sweep.html"

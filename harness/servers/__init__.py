@@ -38,17 +38,26 @@ from harness.servers._egress import EgressProxyConfig
 from harness.servers._envoy import EnvoyProxyConfig
 from harness.servers._haproxy import HaproxyProxyConfig
 from harness.servers._health import free_port, wait_healthy
+from harness.servers._llama_build import build_llama_server
 from harness.servers._llama_server import LlamaServerTargetConfig
 from harness.servers._llamacpp_python import LlamaCppPythonTargetConfig
 from harness.servers._nginx import NGINX_PRESETS, NginxProxyConfig, render_nginx_conf
 from harness.servers._none import NoProxyConfig
-from harness.servers._process import ServerProcess
+from harness.servers._process import ServerProcess, start_process, stop_process_group
 from harness.servers._readiness import READINESS, Readiness
 from harness.servers._sim import SimTargetConfig
+from harness.servers._tiny_gguf import GGUF_NAME, write_gguf
+from harness.servers._tiny_model import make_tiny_model
 from harness.servers._url import UrlTargetConfig
 from harness.servers._vllm import VllmTargetConfig
 
 __all__ = [
+    "make_tiny_model",
+    "write_gguf",
+    "GGUF_NAME",
+    "stop_process_group",
+    "start_process",
+    "build_llama_server",
     "NGINX_PRESETS",
     "PROXIES",
     "READINESS",

@@ -24,14 +24,18 @@ from harness.outputs._report._data import (
     ReportError,
     RunData,
     events,
+    itl_ms,
     load_run,
     load_sockets,
     ok_metrics,
     run_start,
     slowest_connections,
+    ttft_ms,
+    user_classes,
 )
 from harness.outputs._report._plan import render_plan_report
 from harness.outputs._report._plots import (
+    cdf_figure,
     class_cdfs,
     fragment,
     plotly_js,
@@ -43,8 +47,8 @@ from harness.runfolder import MatrixCell
 from zwcore import RunFolderError
 
 __all__ = [
-    "REPORT_NAME", "ReportError", "render_report", "report_or_warning",
-    "write_report",
+    "REPORT_NAME", "ReportError", "RunData", "cdf_figure", "fragment", "itl_ms", "load_run",
+    "plotly_js", "render_report", "report_or_warning", "ttft_ms", "user_classes", "write_report",
 ]  # fmt: skip
 
 REPORT_NAME = "report.html"
