@@ -162,20 +162,29 @@ def _sockets(run_dir: Path) -> pd.DataFrame:
     return sockets if len(sockets.columns) else pd.DataFrame(columns=SOCKET_COLUMNS)
 
 
+SERVER_FAILURES = ("http_error", "server_error_event", "not_sse")
+"""Request outcomes that are the serving stack's failure, whatever its kind (``loadgen``'s
+``OUTCOMES``): an HTTP error, an error event in the stream, a 200 that is not a stream. A
+client's own leaving, a cut and a timeout are outcomes a scenario may ask for."""
+
+
 def all_requests_failed(requests: pd.DataFrame) -> str | None:
-    """Why the run measured nothing when every request got an HTTP error (a wrong model name,
-    a wrong URL), else ``None``."""
-    if not len(requests) or set(requests["outcome"]) != {"http_error"}:
+    """Why the run measured nothing when every request failed on the server's side
+    (:data:`SERVER_FAILURES`: a wrong model name, a wrong URL, an engine that answers every
+    request with an error event or with something other than a stream), else ``None``."""
+    if not len(requests) or not set(requests["outcome"]) <= set(SERVER_FAILURES):
         return None
-    first = requests["error"].dropna()
+    outcomes = ", ".join(f"{o} {n}" for o, n in requests["outcome"].value_counts().items())
+    first = requests["error"].dropna() if "error" in requests else pd.Series(dtype=object)
     detail = f": {str(first.iloc[0])[:300]}" if len(first) else ""
-    return f"every request ({len(requests)}) got an HTTP error{detail}"
+    return f"every request ({len(requests)}) failed ({outcomes}){detail}"
 
 
 def analyze(run_dir: Path, facts: RunFacts | None = None) -> Analysis:
     """Analyse the run folder ``run_dir`` (``facts``: the life cycle's record of the run;
     default :func:`read_facts`). Reads, never writes. A ``complete`` run in which every request
-    got an HTTP error is summarized as ``failed`` with the first error. Raises
+    failed on the server's side (:func:`all_requests_failed`) is summarized as ``failed`` with
+    the first error. Raises
     :class:`~zwcore.RunFolderError` for a file that cannot be read."""
     facts = facts or read_facts(run_dir)
     scenario = facts.scenario
