@@ -8,6 +8,9 @@ options (a config model registered with :data:`TARGETS` or :data:`PROXIES`), its
 and nothing else; ``docs/extending.md`` says how to add one.
 """
 
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
 from harness.servers import (  # noqa: F401
     _egress,
     _envoy,
@@ -34,11 +37,15 @@ from harness.servers._base import (
     make_proxy,
     make_target,
 )
+
+if TYPE_CHECKING:  # loaded on first use: they import torch, gguf, the build tools
+    from harness.servers._llama_build import build_llama_server
+    from harness.servers._tiny_gguf import GGUF_NAME, write_gguf
+    from harness.servers._tiny_model import make_tiny_model
 from harness.servers._egress import EgressProxyConfig
 from harness.servers._envoy import EnvoyProxyConfig
 from harness.servers._haproxy import HaproxyProxyConfig
 from harness.servers._health import free_port, wait_healthy
-from harness.servers._llama_build import build_llama_server
 from harness.servers._llama_server import LlamaServerTargetConfig
 from harness.servers._llamacpp_python import LlamaCppPythonTargetConfig
 from harness.servers._nginx import NGINX_PRESETS, NginxProxyConfig, render_nginx_conf
@@ -46,8 +53,6 @@ from harness.servers._none import NoProxyConfig
 from harness.servers._process import ServerProcess, start_process, stop_process_group
 from harness.servers._readiness import READINESS, Readiness
 from harness.servers._sim import SimTargetConfig
-from harness.servers._tiny_gguf import GGUF_NAME, write_gguf
-from harness.servers._tiny_model import make_tiny_model
 from harness.servers._url import UrlTargetConfig
 from harness.servers._vllm import VllmTargetConfig
 
@@ -88,3 +93,19 @@ __all__ = [
     "render_nginx_conf",
     "wait_healthy",
 ]
+
+_LAZY = {
+    "GGUF_NAME": "harness.servers._tiny_gguf",
+    "build_llama_server": "harness.servers._llama_build",
+    "make_tiny_model": "harness.servers._tiny_model",
+    "write_gguf": "harness.servers._tiny_gguf",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
