@@ -31,6 +31,7 @@ from ._arrivals import (
     ArrivalConfig,
     ConstantArrivals,
     GammaArrivals,
+    PlannedRequest,
     PoissonArrivals,
     RateArrivals,
 )
@@ -52,7 +53,8 @@ from ._records import OUTCOMES, Chunk, RecordWriter, RequestRecord, read_records
 from ._sockets import TCP_CLOSE, TCP_CLOSE_WAIT, peer_cut, tcp_state
 from ._sse import SSEDecoder, SSEEvent
 from ._tail import LineTail
-from ._traces import TraceArrivals, TraceError, read_trace
+from ._trace_formats import TRACE_FORMATS, TraceError, TraceFormat
+from ._traces import TraceArrivals, read_trace
 from ._vanish import VANISH_TABLE_ENV, VanishError
 from ._workers import (
     WORKER_DIR_ENV,
@@ -96,10 +98,13 @@ __all__ = [
     "ConstantArrivals",
     "RateArrivals",
     "GammaArrivals",
+    "PlannedRequest",
     "PoissonArrivals",
     "OpenLoopUser",
+    "TRACE_FORMATS",
     "TraceArrivals",
     "TraceError",
+    "TraceFormat",
     "read_trace",
     "LENGTHS",
     "FixedLength",

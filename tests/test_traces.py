@@ -1,6 +1,8 @@
 """Trace replay (``loadgen._traces``): each format is read in its own time unit, a window is
-cropped and scaled, shared hash ids give shared prompt prefixes, and a file that is not of its
-format gets an error naming the file and the line or column."""
+cropped and scaled, shared hash ids give shared prompt prefixes, a file that is not of its
+format gets an error naming the file and the line or column, and formats are a registry: an
+unknown one is refused at the field with the registered ones listed, a new one is one class
+and one registration."""
 
 from __future__ import annotations
 
@@ -10,8 +12,18 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from loadgen import ARRIVALS, TraceError, UserGroupConfig, read_trace
+from loadgen import (
+    ARRIVALS,
+    TRACE_FORMATS,
+    PlannedRequest,
+    TraceArrivals,
+    TraceError,
+    TraceFormat,
+    UserGroupConfig,
+    read_trace,
+)
 from loadgen._prompt import build_prefixed_prompt
+from zwcore import UnknownKindError, relocated_errors
 
 
 def _mooncake(path: Path, rows: list[dict]) -> Path:
@@ -95,3 +107,36 @@ def test_bad_traces_name_the_file_and_the_problem(tmp_path):
         )
     with pytest.raises(ValidationError, match="format"):
         UserGroupConfig(**base, arrival={"kind": "trace", "format": "csv", "path": str(csv)})
+
+
+def test_an_unknown_format_is_refused_at_its_field_with_the_registered_ones(tmp_path):
+    trace = _mooncake(tmp_path / "trace.jsonl", ROWS)
+    base = {"name": "g", "prompt_tokens": 8, "max_tokens": 8}
+    with pytest.raises(ValidationError) as info:
+        UserGroupConfig(**base, arrival={"kind": "trace", "format": "jsonl", "path": str(trace)})
+    [error] = relocated_errors(info.value)
+    assert error["loc"] == ("arrival", "format")
+    assert "unknown trace format kind 'jsonl'" in error["msg"]
+    assert all(name in error["msg"] for name in ("azure", "burstgpt", "mooncake", "zerowindow"))
+    with pytest.raises(UnknownKindError, match="valid kinds: .*mooncake"):
+        read_trace(trace, "jsonl")
+
+
+def test_a_new_format_is_one_class_and_one_registration(tmp_path):
+    @TRACE_FORMATS.register
+    class Lines(TraceFormat):
+        """One request per line: ``offset_s prompt_tokens max_tokens``."""
+
+        kind = "test-lines"
+
+        def read(self, path, time_unit):
+            lines = path.read_text().splitlines()
+            return [PlannedRequest(float(t), int(p), int(o)) for t, p, o in map(str.split, lines)]
+
+    path = tmp_path / "trace.txt"
+    path.write_text("12 5 6\n11 3 0\n")
+    arrival = ARRIVALS.parse({"kind": "trace", "format": "test-lines", "path": str(path)})
+    planned = [(p.offset_s, p.prompt_tokens, p.max_tokens) for p in arrival.plan(0)]
+    assert planned == [(0.0, 3, 1), (1.0, 5, 6)]  # sorted, from the first, at least 1 token
+    enum = TraceArrivals.model_json_schema()["properties"]["format"]["enum"]
+    assert {"mooncake", "test-lines"} <= set(enum)
