@@ -35,7 +35,7 @@ from ._arrivals import (
     PoissonArrivals,
     RateArrivals,
 )
-from ._client import RequestSpec, stream_request
+from ._client import stream_request
 from ._config import SATURATION_ENV, GroupRunConfig, UserGroupConfig
 from ._lengths import (
     LENGTHS,
@@ -50,6 +50,7 @@ from ._openai import ENDPOINT_PATHS, Endpoint, TokenCounter, parse_payload, requ
 from ._prompt import build_prompt, prompt_seed
 from ._reads import READS, FullSpeed, Paced, ReadBehaviour, ReadConfig
 from ._records import OUTCOMES, Chunk, RecordWriter, RequestRecord, read_records, ttft_ms
+from ._request import RequestSpec
 from ._sockets import TCP_CLOSE, TCP_CLOSE_WAIT, peer_cut, tcp_state
 from ._sse import SSEDecoder, SSEEvent
 from ._tail import LineTail

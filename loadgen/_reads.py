@@ -4,7 +4,7 @@
 most ``bytes_per_read`` per ``recv`` and at most one ``recv`` per ``interval_s``, so the kernel
 receive buffer fills and the advertised window (rwnd) shrinks, down to a zero window when the
 server sends faster than ``bytes_per_read / interval_s`` bytes/s. Pacing holds at the socket
-because the client does its own ``recv`` calls (see ``_client``).
+because the client does its own ``recv`` calls (see ``_stream``).
 """
 
 from __future__ import annotations

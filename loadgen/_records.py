@@ -61,7 +61,7 @@ class RequestRecord:
     ``t_cut_seen`` is when the client first saw the server end the connection before the
     response was complete (``None`` if it never did): while reading, from ``recv`` returning EOF
     or ECONNRESET; while holding (``stall``, ``stop_reading``), from the TCP state polled every
-    20 ms (``_client.CUT_POLL_S``) without reading. ``cut_kind`` is ``"rst"`` or ``"fin"``. A
+    20 ms (``_stream.CUT_POLL_S``) without reading. ``cut_kind`` is ``"rst"`` or ``"fin"``. A
     FIN travels behind the bytes sent before it, so a client that does not read sees it only if
     those bytes fit its receive buffer; a RST overtakes a closed window.
 

@@ -11,7 +11,7 @@ request.
 
 Stamping on arrival is right only for a client that reads as soon as bytes arrive (full speed):
 a paced or stalled reader's bytes wait in its receive buffer by design, and what it saw is
-when it read them. The client decides that (``_client``); this module only reads the stamps.
+when it read them. The client decides that (``_stream``); this module only reads the stamps.
 """
 
 from __future__ import annotations

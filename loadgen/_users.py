@@ -42,13 +42,14 @@ from locust.exception import StopUser
 
 from ._actions import ACTIONS, ActionConfig
 from ._arrivals import ArrivalBase, PlannedRequest, share
-from ._client import RequestSpec, stream_request
+from ._client import stream_request
 from ._config import ClientMixEntry, UserGroupConfig
 from ._lengths import LengthBase, draw_tokens
 from ._openai import Endpoint
 from ._prompt import build_prefixed_prompt, build_prompt, prompt_seed
 from ._reads import READS, FullSpeed, Paced, ReadConfig
 from ._records import RecordWriter, RequestRecord
+from ._request import RequestSpec
 
 RECORDS_ENV = "ZW_RECORDS"
 DEFAULT_RECORDS_PATH = "records.jsonl"

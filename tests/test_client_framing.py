@@ -145,7 +145,7 @@ _UNDER_GEVENT = """
 from gevent import monkey; monkey.patch_all()
 import json, socket, sys, time, gevent
 from loadgen import RequestSpec, stream_request
-from loadgen._client import _WaitFirstRecv
+from loadgen._gevent_recv import WaitFirstRecv
 sys.path.insert(0, "tests")
 from test_client_framing import _HEAD, _chunked, _sse
 srv = socket.create_server(("127.0.0.1", 0))
@@ -159,7 +159,7 @@ def serve(stall):
         gevent.sleep(0.01)
     c.close()
 url = "http://127.0.0.1:%d" % srv.getsockname()[1]
-wait_first = all(_WaitFirstRecv.of(socket.socket(), m) for m in ("recv", "recvmsg"))
+wait_first = all(WaitFirstRecv.of(socket.socket(), m) for m in ("recv", "recvmsg"))
 out = {"socket": socket.socket.__module__, "wait_first": wait_first}
 for stall in (False, True):
     gevent.spawn(serve, stall)

@@ -1,0 +1,112 @@
+"""What one streamed request sends: its specification (:class:`RequestSpec`), the target its
+base URL names, and the request's bytes (framed by ``h11``, once per request)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Literal
+from urllib.parse import urlsplit
+
+import h11
+
+from ._actions import ActionConfig
+from ._openai import ENDPOINT_PATHS, Endpoint, request_body
+from ._reads import FullSpeed, ReadConfig
+
+USER_AGENT = "zerowindow-loadgen"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RequestSpec:
+    """What to send, and how the client reads and behaves.
+
+    ``host``: base URL, ``http://HOST[:PORT][/PREFIX]`` (no TLS). ``prompt_tokens`` is the
+    requested prompt length (approximate tokens), recorded as is. ``timeout_s`` is the deadline
+    of the whole request counted from ``t_send``. ``rcvbuf_bytes``: ``SO_RCVBUF`` set before
+    ``connect`` (Linux doubles it, socket(7)); ``None`` keeps the kernel default and
+    auto-tuning. ``timestamps``: ``"kernel"`` stamps the reads of a read behaviour that reads
+    on arrival (``full_speed``) with the time the kernel received their bytes, until an action
+    fires; ``"read"`` stamps every read when ``recv`` returned. ``user_class``, ``group`` and
+    ``network_profile`` only label the record; ``t_scheduled`` (monotonic s), the deadline an
+    open-loop schedule gave the request, and ``schedule_index``, its position in the whole
+    schedule, are recorded as is, and so is ``behaviour``, the name of the client-mix entry
+    the request was drawn as.
+    """
+
+    host: str
+    model: str
+    prompt: str
+    prompt_tokens: int
+    endpoint: Endpoint = "completions"
+    max_tokens: int = 128
+    ignore_eos: bool = True
+    min_tokens: bool = False
+    timeout_s: float = 120.0
+    read: ReadConfig = field(default_factory=FullSpeed)
+    action: ActionConfig | None = None
+    rcvbuf_bytes: int | None = None
+    timestamps: Literal["kernel", "read"] = "kernel"
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    user_class: str = ""
+    group: str = ""
+    network_profile: str = "none"
+    t_scheduled: float | None = None
+    schedule_index: int | None = None
+    behaviour: str | None = None
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a request goes: ``host`` and ``port`` to connect to, the request ``path`` and its
+    ``Host`` header."""
+
+    host: str
+    port: int
+    path: str
+    host_header: str
+
+
+def target(base_url: str, endpoint: Endpoint) -> Target:
+    """The target of ``endpoint`` under ``base_url`` (``http://HOST[:PORT][/PREFIX]``; port 80
+    by default). Raises ``ValueError`` for a URL that is not ``http://`` with a host."""
+    parts = urlsplit(base_url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"host must be an http://HOST[:PORT] URL (no TLS), got {base_url!r}")
+    port = parts.port or 80
+    prefix = parts.path.rstrip("/")
+    host_header = parts.netloc.rpartition("@")[2]
+    return Target(parts.hostname, port, prefix + ENDPOINT_PATHS[endpoint], host_header)
+
+
+def request_bytes(spec: RequestSpec, target: Target) -> bytes:
+    """The whole HTTP/1.1 request of ``spec`` to ``target``: a ``POST`` of the endpoint's JSON
+    body with ``Accept: text/event-stream``, ``Connection: close`` and ``X-Request-Id``."""
+    body = json.dumps(
+        request_body(
+            endpoint=spec.endpoint,
+            model=spec.model,
+            prompt=spec.prompt,
+            max_tokens=spec.max_tokens,
+            ignore_eos=spec.ignore_eos,
+            min_tokens=spec.min_tokens,
+        )
+    ).encode("utf-8")
+    request = h11.Request(
+        method="POST",
+        target=target.path,
+        headers=[
+            ("Host", target.host_header),
+            ("User-Agent", USER_AGENT),
+            ("Content-Type", "application/json"),
+            ("Accept", "text/event-stream"),
+            ("Content-Length", str(len(body))),
+            ("Connection", "close"),
+            ("X-Request-Id", spec.request_id),
+        ],
+    )
+    conn = h11.Connection(our_role=h11.CLIENT)
+    return b"".join(
+        conn.send(event) or b"" for event in (request, h11.Data(data=body), h11.EndOfMessage())
+    )

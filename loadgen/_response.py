@@ -1,0 +1,139 @@
+"""What the server sent back: the HTTP response parsed by ``httptools`` (llhttp, the parser
+uvicorn uses), its SSE events turned into the record's chunks, and the outcome they add up to.
+
+The parser hands the (de-chunked) body bytes of each ``recv`` to :meth:`Response.take_body`,
+which feeds them to the SSE decoder in one call.
+"""
+
+from __future__ import annotations
+
+import httptools
+
+from ._openai import TokenCounter, parse_payload
+from ._records import Chunk, RequestRecord
+from ._sse import SSEDecoder
+
+_MAX_ERROR_BODY_BYTES = 4096
+
+
+class Response:
+    """The response of one request as it arrives: the callbacks of ``httptools`` (llhttp calls
+    them from ``parser.feed_data``) and the SSE events, written into ``record``. The reader sets
+    :attr:`t_read`, the stamp of the ``recv`` being parsed, before feeding it."""
+
+    def __init__(self, record: RequestRecord) -> None:
+        self.record = record
+        self.decoder = SSEDecoder()
+        self.tokens = TokenCounter()
+        self.done = False  # `[DONE]` seen
+        self.error_seen = False
+        self.body_head = bytearray()  # the first bytes of an error's or a non-SSE body
+        self.sse = False  # the final response's Content-Type is text/event-stream
+        self.parser = httptools.HttpResponseParser(self)
+        self.t_read = 0.0  # monotonic time of the recv being parsed
+        self.head_done = False  # the final (non-1xx) response head was parsed
+        self.body_framed = False  # Content-Length or chunked: EOF before the end is a cut
+        self.content_type: bytes | None = None  # of the final response
+        self.complete = False  # the response message ended
+        self.body: list[bytes] = []  # body pieces of the recv being parsed (one per HTTP chunk)
+
+    # httptools callbacks
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        if name in (b"content-length", b"transfer-encoding"):
+            self.body_framed = True
+        elif name == b"content-type":
+            self.content_type = value
+
+    def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if status >= 200:  # a 1xx is followed by the real response
+            self.record.http_status = status
+            self.head_done = True
+            self.sse = self.is_sse()
+        else:
+            self.body_framed = False
+            self.content_type = None
+
+    def is_sse(self) -> bool:
+        """Whether the response's ``Content-Type`` is ``text/event-stream`` (WHATWG HTML,
+        "Server-sent events": the media type of an event stream; parameters ignored)."""
+        ct = self.content_type
+        return ct is not None and ct.split(b";", 1)[0].strip().lower() == b"text/event-stream"
+
+    def on_message_complete(self) -> None:
+        if self.head_done:
+            self.complete = True
+
+    def on_body(self, data: bytes) -> None:
+        self.body.append(data)  # handled once per recv, by take_body
+
+    # the events
+    def take_body(self) -> None:
+        """The body bytes of one ``recv`` (de-chunked): SSE events, or an error body."""
+        body = self.body
+        data = body[0] if len(body) == 1 else b"".join(body)
+        body.clear()
+        rec = self.record
+        if rec.http_status != 200 or not self.sse:
+            room = _MAX_ERROR_BODY_BYTES - len(self.body_head)
+            self.body_head.extend(data[: max(0, room)])
+            if rec.http_status != 200:
+                return
+        for ev in self.decoder.feed(data):
+            if self.done:
+                continue
+            payload = parse_payload(ev.raw, event_type=ev.event)
+            kind = payload.kind
+            if kind == "done":
+                self.done = True
+                continue
+            if kind == "error":
+                if not self.error_seen:
+                    self.error_seen = True
+                    rec.error = payload.error
+                continue
+            tokens = self.tokens.chunk_tokens(payload)
+            if payload.prompt_tokens is not None:
+                rec.prompt_tokens = payload.prompt_tokens
+            if rec.stream_id is None:
+                rec.stream_id = payload.stream_id
+            if kind != "chunk":
+                continue
+            if payload.finish_reason is not None:
+                rec.finish_reason = payload.finish_reason
+            text = payload.text
+            if tokens or text:
+                t = self.t_read
+                rec.chunks.append(Chunk(t, tokens, ev.wire_bytes, text))
+                if tokens and rec.t_first_token is None:
+                    rec.t_first_token = t
+
+    # the outcome
+    def _with_body(self, message: str) -> str:
+        body = self.body_head.decode("utf-8", errors="replace").strip()
+        return message + (f": {body[:500]}" if body else "")
+
+    def outcome(self, ending: str) -> str:
+        """Final outcome, given how reading ended (``ending``: ``"eom"``, ``"protocol_error"``
+        or an outcome): HTTP status first, then a 200 that is not an event stream (and never
+        sent ``[DONE]``), error events, ``[DONE]``, then the ending. Sets the record's
+        ``error`` where the outcome needs a detail."""
+        rec = self.record
+        if rec.http_status is not None and rec.http_status != 200:
+            rec.error = self._with_body(f"HTTP {rec.http_status}")
+            return "http_error"
+        if ending == "protocol_error":
+            return "http_error"
+        if rec.http_status == 200 and not self.sse and not self.done and not self.error_seen:
+            ct = "none" if self.content_type is None else self.content_type.decode("latin-1")
+            rec.error = self._with_body(f"HTTP 200 with Content-Type {ct}, not text/event-stream")
+            return "not_sse"
+        if self.error_seen:
+            return "server_error_event"
+        if self.done:
+            return "complete"
+        if ending == "eom":
+            rec.error = rec.error or "response ended without [DONE]"
+            return "cut_by_peer"
+        return ending
