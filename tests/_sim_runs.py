@@ -13,7 +13,7 @@ from tests.conftest import REPO
 _cache: dict[str, RunResult] = {}
 
 
-def _reduced(kv_release: str) -> Scenario:
+def reduced(kv_release: str) -> Scenario:
     """sim-coupled with the stalled readers holding 8 s instead of 20 s."""
     base = load_scenario(REPO / "scenarios" / "sim-coupled.toml")
     engine = base.target.engine.model_copy(update={"kv_release": kv_release})  # type: ignore[union-attr]
@@ -31,7 +31,7 @@ def sim_runs(factory: pytest.TempPathFactory) -> dict[str, RunResult]:
     if not _cache:
         out = factory.mktemp("sim-report-runs")
         for release in ("on_delivery", "on_finish"):
-            _cache[release] = run_scenario(_reduced(release), out_root=out)
+            _cache[release] = run_scenario(reduced(release), out_root=out)
     return _cache
 
 
@@ -40,7 +40,7 @@ def rst_run(factory: pytest.TempPathFactory) -> RunResult:
     4 tokens and whose ``fast`` group (2 users) reads to the end (a few seconds). Of its two
     gates the second (TTFT p50 under 1 µs) fails, so the run exits 1."""
     if "rst" not in _cache:
-        base = _reduced("on_finish")
+        base = reduced("on_finish")
         fast = base.groups[0].model_copy(
             update={"users": 2, "requests_per_user": 1, "start_after_s": 0}
         )

@@ -5,8 +5,9 @@ shaped links, progress, the rerun policy, a sweep, the suite and remote workers 
 commands' ``--dry-run`` (the plan they would run; nothing starts): each pair either shows both
 options in the plan or exits 2 with a message naming both and why. One real plan on the engine
 emulator then runs most of them at once (two proxy configurations x 2 repeats x a control arm
-x the rerun policy x a Locust worker per group x progress) and shows their effects in the
-folders; ``zerowindow analyze`` on its folder reproduces every aggregate file.
+x the rerun policy x progress) and shows their effects in the folders; ``zerowindow analyze``
+on its folder reproduces every aggregate file. (Locust workers in a plan of several runs:
+test_comparison_netem, two workers per group behind shaped links.)
 """
 
 from __future__ import annotations
@@ -47,8 +48,8 @@ aggressor = true
 users = 1
 requests_per_user = 1
 prompt_tokens = 8
-max_tokens = 64
-read = {{ kind = "paced", bytes_per_read = 256, interval_s = 0.05 }}
+max_tokens = 32
+read = {{ kind = "paced", bytes_per_read = 512, interval_s = 0.05 }}
 """
 
 ABSOLUTE = '"fast.outcome.complete >= 1"'
@@ -214,8 +215,8 @@ def _json(path: Path) -> Any:
 
 @pytest.fixture(scope="module")
 def composed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """Two configurations x 2 repeats x a control arm x the rerun policy x one Locust worker
-    per group x progress, for real on the emulator."""
+    """Two configurations x 2 repeats x a control arm x the rerun policy x progress, for real
+    on the emulator."""
     tmp = tmp_path_factory.mktemp("composed")
     case = Case(tmp)
     for apply in (_proxies, _control, _rerun):
@@ -223,7 +224,7 @@ def composed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     path = tmp / "compose.toml"
     path.write_text(case.text())
     done = run_cli(
-        "run", str(path), "--repeats", "2", "--workers", "1", "--progress",
+        "run", str(path), "--repeats", "2", "--progress",
         "--out", str(tmp / "out"), timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
@@ -253,10 +254,7 @@ def test_each_configuration_has_its_repeats_controls_intervals_and_gates(
         assert [g["verdict"] for g in gates] == ["pass"]
         # The control run is the same schedule without the aggressor.
         assert not (folder / arm / "c1" / "records-slow.jsonl").exists()
-        assert (folder / arm / "r1" / "records-slow@w1.jsonl").exists()  # behind a worker
-        run = _json(folder / arm / "r1" / "run.json")
-        assert all(len(p["workers"]) == 1 for p in run["load_processes"])
-        assert (folder / arm / "r1" / "plugins").exists() is False  # no plugins to keep
+        assert (folder / arm / "r1" / "records-slow.jsonl").exists()
     parent = _json(folder / "gates.json")
     assert set(parent["arms"]) == {"none", "egress"}
     comparison = _json(folder / "comparison.json")

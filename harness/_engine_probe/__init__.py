@@ -8,6 +8,7 @@ pyarrow (and vLLM, for the probe): no other part of the harness is imported.
 
 from harness._engine_probe._tables import (
     ENGINE_DIR_ENV,
+    FLUSHED_FILE,
     PROBE_ERROR,
     REQUEST_SCHEMA,
     REQUESTS_FILE,
@@ -23,6 +24,7 @@ from harness._engine_probe._tables import (
 __all__ = [
     "ENGINE_DIR_ENV",
     "PROBE_ERROR",
+    "FLUSHED_FILE",
     "REQUESTS_FILE",
     "REQUEST_SCHEMA",
     "STATUS_FILE",

@@ -31,6 +31,10 @@ engine's log."""
 STEPS_FILE = "engine_steps.parquet"
 REQUESTS_FILE = "engine_requests.parquet"
 STATUS_FILE = "engine_probe.json"
+FLUSHED_FILE = "engine_flushed"
+"""Beside the tables: the monotonic time (s, text) up to which every buffered row has been
+written, renewed by each flush, so a reader of a running engine's tables knows when they
+cover a moment (``harness.collectors.collect_engine_tables``)."""
 
 STEP_SCHEMA = pa.schema([
     ("t", pa.float64()),
@@ -183,8 +187,13 @@ class EngineTables:
         with self._write_lock:
             with self._lock:
                 steps, requests = self.steps.take(), self.requests.take()
+                through = time.monotonic()
             self.steps.write(steps, always=always)
             self.requests.write(requests, always=always)
+            marker = self.steps.path.parent / FLUSHED_FILE
+            tmp = marker.with_name(f".{FLUSHED_FILE}")
+            tmp.write_text(repr(through))
+            tmp.replace(marker)
         self.flush_s += time.thread_time() - t0
         if self.on_flush is not None:
             self.on_flush(self)

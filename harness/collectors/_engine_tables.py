@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from harness._engine_probe import (
+    FLUSHED_FILE,
     REQUEST_SCHEMA,
     REQUESTS_FILE,
     STEP_SCHEMA,
@@ -27,8 +28,25 @@ from harness._engine_probe import (
 )
 
 FLUSH_WAIT_S = 2.5
-"""How long to wait, after the load ended, for a running engine to write its last rows (it
-writes every 2 s: ``EngineTables.flush_interval_s``)."""
+"""How long to wait at most, after the load ended, for a running engine to write its last rows
+(it writes every 2 s: ``EngineTables.flush_interval_s``); an engine that says up to when it
+has written (``FLUSHED_FILE``) is waited for only that long."""
+
+
+def wait_flushed(engine_dir: Path, t_end: float, *, timeout_s: float = FLUSH_WAIT_S) -> float:
+    """Wait until the engine writing into ``engine_dir`` has written every row up to ``t_end``
+    (monotonic s; its ``FLUSHED_FILE`` says up to when), or ``timeout_s``; return the seconds
+    waited."""
+    t0 = time.monotonic()
+    marker = engine_dir / FLUSHED_FILE
+    while (waited := time.monotonic() - t0) < timeout_s:
+        try:
+            if float(marker.read_text()) >= t_end:
+                return waited
+        except (OSError, ValueError):  # an engine that writes no marker: the whole wait
+            pass
+        time.sleep(0.05)
+    return time.monotonic() - t0
 
 
 def _read(path: Path, schema: pa.Schema) -> pd.DataFrame:
@@ -42,13 +60,16 @@ def _write(frame: pd.DataFrame, path: Path, schema: pa.Schema) -> None:
     pq.write_table(pa.Table.from_pandas(frame, schema=schema, preserve_index=False), path)
 
 
-def collect_engine_tables(run_dir: Path, engine_dir: Path | None, *, t_start: float) -> str | None:
+def collect_engine_tables(
+    run_dir: Path, engine_dir: Path | None, *, t_start: float, t_end: float | None = None
+) -> str | None:
     """Leave single-file engine tables in ``run_dir``; return why not, or ``None``.
 
     ``engine_dir`` is where the engine wrote (``None``: it wrote nothing). When it is
     ``run_dir``, the run started the engine and has stopped it: its parts are compacted.
-    Otherwise the engine is shared and still running: after :data:`FLUSH_WAIT_S`, the steps
-    from ``t_start`` (monotonic s) on and the requests that arrived from then on are copied.
+    Otherwise the engine is shared and still running: once it has written its rows up to
+    ``t_end`` (default: now; :func:`wait_flushed`), the steps from ``t_start`` (monotonic s) on
+    and the requests that arrived from then on are copied.
     """
     if engine_dir is None:
         return None
@@ -60,7 +81,7 @@ def collect_engine_tables(run_dir: Path, engine_dir: Path | None, *, t_start: fl
             compact_dataset(steps_path)
             compact_dataset(requests_path)
             return None
-        time.sleep(FLUSH_WAIT_S)
+        wait_flushed(engine_dir, time.monotonic() if t_end is None else t_end)
         steps = _read(steps_path, STEP_SCHEMA)
         requests = _read(requests_path, REQUEST_SCHEMA)
         _write(steps[steps["t"] >= t_start], run_dir / STEPS_FILE, STEP_SCHEMA)

@@ -110,7 +110,7 @@ class RunLifecycle:
         self.setup_failed = False
         self.duration_s = 0.0
         self.workers: list[LoadWorker] = []
-        self.t_start = self.t_load = time.monotonic()
+        self.t_start = self.t_load = self.t_finish = time.monotonic()
         self.progress: RunProgress | None = None
         self.phase = "starting target"
         self.info: dict[str, Any] = {
@@ -278,6 +278,7 @@ class RunLifecycle:
 
     def _finish(self) -> RunFacts:
         """Release everything, then write the samples. Runs once, in ``finally``."""
+        self.t_finish = time.monotonic()  # the load and its cool-down are over
         try:
             self._tick("writing results")
         except Exception:  # noqa: BLE001 - progress is best effort; a signal here is ignored
@@ -329,9 +330,7 @@ class RunLifecycle:
         ``engine_probe``."""
         probe = self.target.engine_probe()
         why = collect_engine_tables(
-            self.run_dir,
-            self.target.engine_dir,
-            t_start=self.t_start,
+            self.run_dir, self.target.engine_dir, t_start=self.t_start, t_end=self.t_finish
         )
         return probe if why is None else {**probe, "status": "failed", "reason": why}
 
