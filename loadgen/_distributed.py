@@ -55,72 +55,91 @@ def collect_on_master(
     runner = environment.runner
     if not isinstance(runner, MasterRunner):
         return
-    log_path = workers_log(run_dir, group)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    names: dict[str, str] = {}
-    files: dict[tuple[str, str], int] = {}
+    master = _MasterCollector(runner, run_dir=run_dir, group=group)
+    runner.register_message(HELLO, master.on_hello)
+    runner.register_message(LINES, master.on_lines)
+    environment.events.worker_connect.add_listener(
+        lambda client_id, **_kw: master.log("connected", client_id)
+    )
+    watcher = gevent.spawn(master.watch, poll_s)
 
-    def log(event: str, client_id: str | None, **fields: Any) -> None:
+    def on_quitting(**_kwargs: Any) -> None:
+        watcher.kill(block=True)
+        master.close()
+
+    environment.events.quitting.add_listener(on_quitting)
+
+
+class _MasterCollector:
+    """The master's side of :func:`collect_on_master`: the workers' log (opened here, closed by
+    :meth:`close`) and the files the forwarded lines are appended to."""
+
+    def __init__(self, runner: MasterRunner, *, run_dir: Path, group: str) -> None:
+        self.runner = runner
+        self.run_dir = run_dir
+        self.group = group
+        log_path = workers_log(run_dir, group)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self.names: dict[str, str] = {}  # client id: worker name
+        self.files: dict[tuple[str, str], int] = {}  # (file kind, worker name): descriptor
+
+    def log(self, event: str, client_id: str | None, **fields: Any) -> None:
+        """Append one line to the workers' log."""
         line = {"t": round(time.monotonic(), 4), "event": event, "client_id": client_id}
         line.update(fields)
-        if client_id in names:
-            line.setdefault("worker", names[client_id])
-        os.write(log_fd, (json.dumps(line) + "\n").encode())
+        if client_id in self.names:
+            line.setdefault("worker", self.names[client_id])
+        os.write(self.log_fd, (json.dumps(line) + "\n").encode())
 
-    def on_hello(msg: Any, **_kwargs: Any) -> None:
+    def on_hello(self, msg: Any, **_kwargs: Any) -> None:
+        """A worker announced its name, host, pid and whether it forwards its lines."""
         data = msg.data or {}
         name = str(data.get("worker", ""))
         if not valid_worker_name(name):
             logger.warning("worker %s announced an invalid name %r", msg.node_id, name)
             return
-        names[msg.node_id] = name
-        log("hello", msg.node_id, worker=name, host=data.get("host"), pid=data.get("pid"),
-            forward=bool(data.get("forward")))  # fmt: skip
+        self.names[msg.node_id] = name
+        self.log("hello", msg.node_id, worker=name, host=data.get("host"), pid=data.get("pid"),
+                 forward=bool(data.get("forward")))  # fmt: skip
 
-    def on_lines(msg: Any, **_kwargs: Any) -> None:
+    def on_lines(self, msg: Any, **_kwargs: Any) -> None:
+        """Append the lines an announced worker forwarded to its file of their kind."""
         data = msg.data or {}
-        kind, name = data.get("kind"), names.get(msg.node_id)
+        kind, name = data.get("kind"), self.names.get(msg.node_id)
         if kind not in FILE_KINDS or name is None:
             logger.warning("discarded %s lines from unannounced worker %s", kind, msg.node_id)
             return
-        fd = files.get((kind, name))
+        fd = self.files.get((kind, name))
         if fd is None:
-            path = group_file(run_dir, kind, group, name)
-            fd = files[(kind, name)] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            path = group_file(self.run_dir, kind, self.group, name)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            self.files[(kind, name)] = fd
         os.write(fd, "".join(data.get("lines", [])).encode())
 
-    runner.register_message(HELLO, on_hello)
-    runner.register_message(LINES, on_lines)
-    environment.events.worker_connect.add_listener(
-        lambda client_id, **_kw: log("connected", client_id)
-    )
-
-    def watch() -> None:
+    def watch(self, poll_s: float) -> None:
+        """Log workers going missing, coming back and leaving, every ``poll_s`` s (forever: the
+        greenlet is killed at quitting)."""
         seen: dict[str, str] = {}
         while True:
-            current = {cid: node.state for cid, node in runner.clients.items()}
+            current = {cid: node.state for cid, node in self.runner.clients.items()}
             for cid, state in current.items():
                 was = seen.get(cid)
                 if state == STATE_MISSING and was != STATE_MISSING:
-                    log("missing", cid)
+                    self.log("missing", cid)
                 elif was == STATE_MISSING and state != STATE_MISSING:
-                    log("back", cid, state=state)
+                    self.log("back", cid, state=state)
             for cid in set(seen) - set(current):
-                log("left", cid)
+                self.log("left", cid)
             seen = current
             gevent.sleep(poll_s)
 
-    watcher = gevent.spawn(watch)
-
-    def on_quitting(**_kwargs: Any) -> None:
-        watcher.kill(block=True)
-        states = {cid: node.state for cid, node in runner.clients.items()}
-        log("end", None, workers={names.get(c, c): s for c, s in states.items()})
-        for fd in (*files.values(), log_fd):
+    def close(self) -> None:
+        """Log the end (every known worker's state) and close the log and the files."""
+        states = {cid: node.state for cid, node in self.runner.clients.items()}
+        self.log("end", None, workers={self.names.get(c, c): s for c, s in states.items()})
+        for fd in (*self.files.values(), self.log_fd):
             os.close(fd)
-
-    environment.events.quitting.add_listener(on_quitting)
 
 
 def announce_and_forward(
