@@ -33,8 +33,13 @@ def test_proxy_comparison_with_3g_readers_and_workers_on_vllm(tiny_model: Path, 
     # nginx behind shaped links runs in test_comparison_netem (on the emulator), nginx on vLLM
     # in test_proxy_vllm: here none and egress keep the suite a minute shorter.
     proxies = [p for p in scenario.proxies if p.name != "nginx-buffered"]
+    # The slow readers' answers at 200 tokens (~60 KB) instead of 600: seconds on 3G still.
+    shorter = [
+        g.model_copy(update={"max_tokens": 200}) if g.name == "slow" else g
+        for g in scenario.groups
+    ]
     result = run(
-        scenario.model_copy(update={"target": target, "proxies": proxies}),
+        scenario.model_copy(update={"target": target, "proxies": proxies, "groups": shorter}),
         RunOptions(workers=2),
         out_root=tmp_path,
     )
@@ -59,4 +64,4 @@ def test_proxy_comparison_with_3g_readers_and_workers_on_vllm(tiny_model: Path, 
         verdict = one.summary.verdicts["kv_held_by_undelivered_streams"]
         assert verdict["status"] == "none", (name, verdict["line"])  # vLLM frees on finish
     proxy = result.runs["egress"].summary.proxy
-    assert proxy is not None and (proxy.buffered_peak_bytes or 0) > 100_000, proxy
+    assert proxy is not None and (proxy.buffered_peak_bytes or 0) > 50_000, proxy

@@ -51,6 +51,7 @@ from harness.runfolder import (
     GroupSummary,
     LoadWorker,
     RunSummary,
+    ServerSummary,
     kept_plugins,
     read_json,
     read_parquet,
@@ -180,12 +181,59 @@ def all_requests_failed(requests: pd.DataFrame) -> str | None:
     return f"every request ({len(requests)}) failed ({outcomes}){detail}"
 
 
+def _engine_evidence(
+    run_dir: Path, facts: RunFacts, metrics: pd.DataFrame, requests: pd.DataFrame,
+    chunks: pd.DataFrame,
+) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any] | None, str | None]:  # fmt: skip
+    """``requests`` joined with the engine's own records (its aborts from them, or estimated
+    from the scrapes when there are none), the engine's steps, its per-request verdict
+    (``None`` without records) and why there are no records (``None`` when there are)."""
+    verdict_config = facts.scenario.verdict
+    engine_requests = read_parquet(run_dir / ENGINE_REQUESTS)
+    engine_steps = read_parquet(run_dir / ENGINE_STEPS)
+    no_engine = probe_problem(facts.engine_probe, engine_requests)
+    estimated = abort_times(metrics, requests["t_send"]) if no_engine else []
+    requests = attribute_aborts(requests, estimated)
+    requests, unjoined = join_engine(
+        requests, chunks, engine_requests if no_engine is None else engine_requests.iloc[0:0]
+    )
+    if no_engine is not None:
+        return requests, engine_steps, None, no_engine
+    requests = engine_aborts(requests)
+    engine_steps = engine_steps.sort_values("t") if len(engine_steps) else engine_steps
+    engine_verdict = kv_held_from_requests(
+        requests,
+        engine_steps,
+        held_min_ms=verdict_config.kv_held_min_ms,
+        unjoined=unjoined,
+        kv_cache_blocks=(facts.engine_probe or {}).get("kv_cache_blocks"),
+        blocked_spans=send_blocked_spans(engine_requests, verdict_config.kv_held_min_ms),
+    )
+    return requests, engine_steps, engine_verdict, None
+
+
+def _server(
+    metrics: pd.DataFrame, facts: RunFacts, requests: pd.DataFrame, engine_steps: pd.DataFrame,
+    no_engine: str | None,
+) -> ServerSummary:  # fmt: skip
+    """The server's figures: from the engine's own steps where it wrote them, else scrapes."""
+    server = summarize_server(metrics, facts.missing_metrics, requests)
+    if no_engine is None and (engine_figures := engine_server_figures(engine_steps)):
+        server = server.model_copy(
+            update={
+                **engine_figures,
+                "figures_source": "engine_probe",
+                "scraped_kv_cache_usage_peak_perc": server.kv_cache_usage_peak_perc,
+            }
+        )
+    return server
+
+
 def analyze(run_dir: Path, facts: RunFacts | None = None) -> Analysis:
     """Analyse the run folder ``run_dir`` (``facts``: the life cycle's record of the run;
     default :func:`read_facts`). Reads, never writes. A ``complete`` run in which every request
     failed on the server's side (:func:`all_requests_failed`) is summarized as ``failed`` with
-    the first error. Raises
-    :class:`~zwcore.RunFolderError` for a file that cannot be read."""
+    the first error. Raises :class:`~zwcore.RunFolderError` for a file that cannot be read."""
     facts = facts or read_facts(run_dir)
     scenario = facts.scenario
     metrics, sockets = _metrics(run_dir), _sockets(run_dir)
@@ -193,29 +241,10 @@ def analyze(run_dir: Path, facts: RunFacts | None = None) -> Analysis:
     records = load_records(p for g in groups for p in records_files(run_dir, g))
     # Requests meet the server on the client-facing port (the proxy's, if any).
     client_sockets = sockets[sockets["local_port"] == facts.client_port]
-    engine_requests = read_parquet(run_dir / ENGINE_REQUESTS)
-    engine_steps = read_parquet(run_dir / ENGINE_STEPS)
-    no_engine = probe_problem(facts.engine_probe, engine_requests)
-    requests = requests_frame(records, client_sockets)
-    # Engine aborts: estimated from the scrapes only when the engine's records do not say.
-    estimated = abort_times(metrics, requests["t_send"]) if no_engine else []
-    requests = attribute_aborts(requests, estimated)
     chunks = chunks_frame(records)
-    requests, unjoined = join_engine(
-        requests, chunks, engine_requests if no_engine is None else engine_requests.iloc[0:0]
+    requests, engine_steps, engine_verdict, no_engine = _engine_evidence(
+        run_dir, facts, metrics, requests_frame(records, client_sockets), chunks
     )
-    engine_verdict = None
-    if no_engine is None:
-        requests = engine_aborts(requests)
-        engine_steps = engine_steps.sort_values("t") if len(engine_steps) else engine_steps
-        engine_verdict = kv_held_from_requests(
-            requests,
-            engine_steps,
-            held_min_ms=scenario.verdict.kv_held_min_ms,
-            unjoined=unjoined,
-            kv_cache_blocks=(facts.engine_probe or {}).get("kv_cache_blocks"),
-            blocked_spans=send_blocked_spans(engine_requests, scenario.verdict.kv_held_min_ms),
-        )
     requests = leave_figures(requests, chunks)
     t_first_send = float(requests["t_send"].min()) if len(requests) else None
     # Only the load's own connections: not the scraper's, nor anyone else's.
@@ -229,15 +258,7 @@ def analyze(run_dir: Path, facts: RunFacts | None = None) -> Analysis:
         generation_bound_s=scenario.verdict.generation_bound_s,
         min_observe_s=scenario.verdict.min_observe_s,
     )
-    server = summarize_server(metrics, facts.missing_metrics, requests)
-    if no_engine is None and (engine_figures := engine_server_figures(engine_steps)):
-        server = server.model_copy(
-            update={
-                **engine_figures,
-                "figures_source": "engine_probe",
-                "scraped_kv_cache_usage_peak_perc": server.kv_cache_usage_peak_perc,
-            }
-        )
+    server = _server(metrics, facts, requests, engine_steps, no_engine)
     status, failure = facts.status, facts.failure
     if status == "complete" and (reason := all_requests_failed(requests)):
         status, failure = "failed", reason

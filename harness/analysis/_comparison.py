@@ -197,6 +197,69 @@ def _cuts(cuts: float | None, reasons: Mapping[str, float]) -> str | None:
     return f"{cuts:g}" + (f" ({text})" if text else "")
 
 
+def _group_evidence(
+    b: pd.Series, t: pd.Series, group: str, th: DistortionThresholds
+) -> dict[str, Any] | None:
+    """One healthy group's evidence (baseline row ``b``, this configuration's ``t``), or
+    ``None`` when either lacks a TTFT or inter-chunk latency to compare."""
+    # p50; the mean when the baseline's p50 is 0 ms (the client reads several chunks at once,
+    # so most gaps are 0 even without a proxy).
+    stat = "inter_chunk_p50_ms"
+    if _positive(b[stat]) is not None and b[stat] == 0:
+        stat = "inter_chunk_mean_ms"
+    values = [b["ttft_p50_ms"], t["ttft_p50_ms"], b[stat], t[stat]]
+    if any(_positive(v) is None for v in values) or min(values[0], values[2]) <= 0:
+        return None
+    ttft_ratio = t["ttft_p50_ms"] / b["ttft_p50_ms"]
+    gap_ratio = t[stat] / b[stat]
+    buffering = (
+        ttft_ratio >= th.ttft_rise_ratio
+        and t["ttft_p50_ms"] - b["ttft_p50_ms"] >= th.min_ttft_rise_ms
+        and gap_ratio <= th.inter_chunk_fall_ratio
+    )
+    return {
+        "group": group,
+        "ttft_p50_ms": [float(b["ttft_p50_ms"]), float(t["ttft_p50_ms"])],
+        "inter_chunk_statistic": "p50" if stat == "inter_chunk_p50_ms" else "mean",
+        "inter_chunk_ms": [float(b[stat]), float(t[stat])],
+        "ttft_ratio": float(ttft_ratio),
+        "inter_chunk_ratio": float(gap_ratio),
+        "buffering": bool(buffering),
+    }
+
+
+def _not_evaluated(name: str, why: str) -> dict[str, Any]:
+    return {"configuration": name, "status": "not_evaluated", "evidence": [],
+            "line": f"{name}: buffering not evaluated ({why})"}  # fmt: skip
+
+
+def _verdict(
+    name: str, baseline: str, evidence: list[dict[str, Any]], saturated: Collection[str]
+) -> dict[str, Any]:
+    """The configuration's verdict and its line from the healthy groups' ``evidence``."""
+    flagged = [e for e in evidence if e["buffering"]]
+    shown = flagged[0] if flagged else evidence[0]
+    numbers = (
+        f"{shown['group']}: TTFT p50 {shown['ttft_p50_ms'][0]:.1f} -> "
+        f"{shown['ttft_p50_ms'][1]:.1f} ms (x{shown['ttft_ratio']:.2f}), inter-chunk "
+        f"{shown['inter_chunk_statistic']} {shown['inter_chunk_ms'][0]:.2f} -> "
+        f"{shown['inter_chunk_ms'][1]:.2f} ms "
+        f"(x{shown['inter_chunk_ratio']:.2f}) against {baseline}"
+    )
+    status = "buffering" if flagged else "streaming"
+    verdict = "BUFFERS the stream" if flagged else "streams (no buffering distortion)"
+    line = f"{name}: {verdict}; {numbers}"
+    unreliable = [n for n in (baseline, name) if n in saturated]
+    if unreliable:
+        status = "not_evaluated"
+        line = (
+            f"{name}: buffering not evaluated (client saturated in "
+            f"{' and '.join(unreliable)}: latency figures unreliable); would say: "
+            f"{verdict}; {numbers}"
+        )
+    return {"configuration": name, "status": status, "evidence": evidence, "line": line}
+
+
 def buffering_distortion(
     groups: pd.DataFrame,
     *,
@@ -222,74 +285,24 @@ def buffering_distortion(
             continue
         if baseline is None or not healthy_groups:
             why = "no 'none' configuration" if baseline is None else "no healthy reader group"
-            out.append({"configuration": name, "status": "not_evaluated", "evidence": [],
-                        "line": f"{name}: buffering not evaluated ({why})"})  # fmt: skip
+            out.append(_not_evaluated(name, why))
             continue
         evidence: list[dict[str, Any]] = []
-        flagged: list[dict[str, Any]] = []
         skipped: list[str] = []
         for group in healthy_groups:
             base = groups[(groups["configuration"] == baseline) & (groups["group"] == group)]
             this = groups[(groups["configuration"] == name) & (groups["group"] == group)]
             if base.empty or this.empty:
                 continue
-            b, t = base.iloc[0], this.iloc[0]
-            # p50; the mean when the baseline's p50 is 0 ms (the client reads several chunks
-            # at once, so most gaps are 0 even without a proxy).
-            stat = "inter_chunk_p50_ms"
-            if _positive(b[stat]) is not None and b[stat] == 0:
-                stat = "inter_chunk_mean_ms"
-            values = [b["ttft_p50_ms"], t["ttft_p50_ms"], b[stat], t[stat]]
-            if any(_positive(v) is None for v in values) or min(values[0], values[2]) <= 0:
+            item = _group_evidence(base.iloc[0], this.iloc[0], group, th)
+            if item is None:
                 skipped.append(f"{group}: no TTFT or inter-chunk latency to compare in {baseline}")
-                continue
-            ttft_ratio = t["ttft_p50_ms"] / b["ttft_p50_ms"]
-            gap_ratio = t[stat] / b[stat]
-            buffering = (
-                ttft_ratio >= th.ttft_rise_ratio
-                and t["ttft_p50_ms"] - b["ttft_p50_ms"] >= th.min_ttft_rise_ms
-                and gap_ratio <= th.inter_chunk_fall_ratio
-            )
-            label = "p50" if stat == "inter_chunk_p50_ms" else "mean"
-            item = {
-                "group": group,
-                "ttft_p50_ms": [float(b["ttft_p50_ms"]), float(t["ttft_p50_ms"])],
-                "inter_chunk_statistic": label,
-                "inter_chunk_ms": [float(b[stat]), float(t[stat])],
-                "ttft_ratio": float(ttft_ratio),
-                "inter_chunk_ratio": float(gap_ratio),
-                "buffering": bool(buffering),
-            }
-            evidence.append(item)
-            if buffering:
-                flagged.append(item)
+            else:
+                evidence.append(item)
         if not evidence:
-            why = "; ".join(skipped) or "no healthy group ran in both"
-            line = f"{name}: buffering not evaluated ({why})"
-            out.append({"configuration": name, "status": "not_evaluated", "evidence": [],
-                        "line": line})  # fmt: skip
-            continue
-        shown = flagged[0] if flagged else evidence[0]
-        numbers = (
-            f"{shown['group']}: TTFT p50 {shown['ttft_p50_ms'][0]:.1f} -> "
-            f"{shown['ttft_p50_ms'][1]:.1f} ms (x{shown['ttft_ratio']:.2f}), inter-chunk "
-            f"{shown['inter_chunk_statistic']} {shown['inter_chunk_ms'][0]:.2f} -> "
-            f"{shown['inter_chunk_ms'][1]:.2f} ms "
-            f"(x{shown['inter_chunk_ratio']:.2f}) against {baseline}"
-        )
-        status = "buffering" if flagged else "streaming"
-        verdict = "BUFFERS the stream" if flagged else "streams (no buffering distortion)"
-        line = f"{name}: {verdict}; {numbers}"
-        unreliable = [n for n in (baseline, name) if n in saturated]
-        if unreliable:
-            status = "not_evaluated"
-            line = (
-                f"{name}: buffering not evaluated (client saturated in "
-                f"{' and '.join(unreliable)}: latency figures unreliable); would say: "
-                f"{verdict}; {numbers}"
-            )
-        out.append({"configuration": name, "status": status, "evidence": evidence,
-                    "line": line})  # fmt: skip
+            out.append(_not_evaluated(name, "; ".join(skipped) or "no healthy group ran in both"))
+        else:
+            out.append(_verdict(name, baseline, evidence, saturated))
     return out
 
 

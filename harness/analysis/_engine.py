@@ -245,6 +245,44 @@ def _victims(joined: pd.DataFrame, spans: list[tuple[float, float]]) -> pd.DataF
     return joined[waited & arrival.notna() & scheduled.notna()]
 
 
+def _held_spans(
+    done: pd.DataFrame,
+    after: pd.Series,
+    during: pd.Series,
+    blocked_spans: dict[str, list[tuple[float, float]]],
+) -> list[tuple[float, float]]:
+    """The time in which at least one request held the engine, each moment counted once: the
+    held-after-generation requests' generation end to KV free, and the held-during-generation
+    requests' send-blocked spans."""
+    ends = zip(done.loc[after, "t_generation_end"], done.loc[after, "t_kv_freed"], strict=True)
+    blocked = [
+        span
+        for eid in done.loc[during, "engine_request_id"]
+        for span in blocked_spans.get(str(eid), [])
+    ]
+    return _union([(float(a), float(b)) for a, b in ends] + blocked)
+
+
+def _held_peak(
+    done: pd.DataFrame,
+    after: pd.Series,
+    during: pd.Series,
+    usage: list[tuple[float, float]],
+    kv_cache_blocks: int | None,
+) -> tuple[float, str]:
+    """The most KV the held requests kept at once (0..1) and what it is of: their own blocks
+    over the pool (``held_blocks``), or, without the pool's size, the engine's peak usage over
+    the held spans, victims admitted meanwhile included (``usage``)."""
+    held = done[after | during]
+    if kv_cache_blocks and len(held) and held["engine_kv_blocks_freed"].notna().all():
+        peak = _held_blocks_peak(done[after]) / kv_cache_blocks
+        if during.any():
+            blocks = float(done.loc[during, "engine_kv_blocks_freed"].max())
+            peak = max(peak, blocks / kv_cache_blocks)
+        return peak, "held_blocks"
+    return max((p for p, _ in usage), default=0.0), "usage"
+
+
 def kv_held_from_requests(
     joined: pd.DataFrame,
     steps: pd.DataFrame,
@@ -292,31 +330,9 @@ def kv_held_from_requests(
     during = (done["engine_send_blocked_max_ms"] > held_min_ms) & lacking_at_end
     held = done[after | during]
     lacking_at_free = done[slow & (done["undelivered_tokens_at_kv_free"] > 0)]
-    # The time in which at least one request held the engine, each moment counted once.
-    spans = _union(
-        [
-            (float(a), float(b))
-            for a, b in zip(
-                done.loc[after, "t_generation_end"], done.loc[after, "t_kv_freed"], strict=True
-            )
-        ]
-        + [
-            span
-            for eid in done.loc[during, "engine_request_id"]
-            for span in (blocked_spans or {}).get(str(eid), [])
-        ]
-    )
+    spans = _held_spans(done, after, during, blocked_spans or {})
     usage = [_usage_over(steps, a, b) for a, b in spans]
-    if kv_cache_blocks and len(held) and held["engine_kv_blocks_freed"].notna().all():
-        peak = _held_blocks_peak(done[after]) / kv_cache_blocks  # the held requests' own blocks
-        if during.any():
-            peak = max(
-                peak, float(done.loc[during, "engine_kv_blocks_freed"].max()) / kv_cache_blocks
-            )
-        peak_of = "held_blocks"
-    else:  # everything in use during the spans, victims admitted meanwhile included
-        peak = max((p for p, _ in usage), default=0.0)
-        peak_of = "usage"
+    peak, peak_of = _held_peak(done, after, during, usage, kv_cache_blocks)
     victims = _victims(joined, spans)
     victim_wait_ms = (victims["t_engine_first_scheduled"] - victims["t_engine_arrival"]) * 1000.0
     status = "held" if len(held) else ("none" if len(lacking_at_free) else "not_observed")

@@ -166,6 +166,21 @@ def _locust() -> list[str]:
     return [sys.executable, "-m", "locust"]
 
 
+def _start_worker(
+    name: str, locustfile: Path, run_dir: Path, group: str, host: str, port: int,
+    netns: str | None,
+) -> WorkerProcess:  # fmt: skip
+    """Start the local Locust worker ``name`` of ``group``'s master at ``host:port``; it writes
+    into ``run_dir``. Raises ``OSError`` if it cannot be started."""
+    argv = [
+        *_locust(), "-f", str(locustfile), "--worker", "--master-host", host,
+        "--master-port", str(port),
+    ]  # fmt: skip
+    log = run_dir / f"locust-{group}@{name}.log"
+    env = {WORKER_NAME_ENV: name, WORKER_DIR_ENV: str(run_dir), WORKER_FORWARD_ENV: "0"}
+    return WorkerProcess(name, argv, start_process(argv, log_path=log, env=env, netns=netns), log)
+
+
 def start_distributed_load(
     group: UserGroupConfig,
     *,
@@ -235,15 +250,9 @@ def start_distributed_load(
     )
     try:
         for i in range(1, workers + 1):
-            name = f"w{i}"
-            argv = [
-                *_locust(), "-f", str(locustfile), "--worker",
-                "--master-host", connect_host, "--master-port", str(port),
-            ]  # fmt: skip
-            wlog = run_dir / f"locust-{group.name}@{name}.log"
-            env = {WORKER_NAME_ENV: name, WORKER_DIR_ENV: str(run_dir), WORKER_FORWARD_ENV: "0"}
-            proc = start_process(argv, log_path=wlog, env=env, netns=netns)
-            load.workers.append(WorkerProcess(name, argv, proc, wlog))
+            load.workers.append(
+                _start_worker(f"w{i}", locustfile, run_dir, group.name, connect_host, port, netns)
+            )
     except OSError:
         load.stop(grace_s=2)
         raise
