@@ -19,8 +19,9 @@ from harness.lifecycle._conclude import reanalyze_run, recorded_baseline
 from harness.lifecycle._conclude_plan import BaselineFile, conclude_plan
 from harness.lifecycle._results import ArmResult, PlanResult
 from harness.outputs import SuiteResult
-from harness.runfolder import SUITE_JSON
+from harness.runfolder import REPEATS_JSON, SUITE_JSON
 from harness.scenario import needs_baseline, plan_of_one
+from zwcore import RunFolderError
 
 
 def reanalyze(
@@ -38,6 +39,11 @@ def reanalyze(
         return reanalyze_suite(folder, baseline=baseline, use_baseline=use_baseline)
     if is_plan_folder(folder):
         return reanalyze_plan(folder, baseline=baseline, use_baseline=use_baseline)
+    if (folder / REPEATS_JSON).is_file() and is_plan_folder(folder.parent):
+        raise RunFolderError(
+            f"{folder}: one configuration of the plan in {folder.parent}; its aggregate is "
+            f"the plan's: zerowindow analyze {folder.parent}"
+        )
     run = reanalyze_run(folder, baseline=baseline, use_baseline=use_baseline)
     facts = read_facts(folder)
     plan = plan_of_one(facts.scenario, arm=facts.proxy_name)
