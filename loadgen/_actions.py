@@ -18,9 +18,10 @@ received before the cut, then the end), a ``stop_reading`` closes with outcome `
 - ``abortive_close``: ``SO_LINGER {1, 0}`` then ``close``: the server gets RST; outcome
   ``client_abort``.
 - ``leave``: the disconnect matrix's action: leave ``after_s`` seconds after the send (before
-  any token if the engine is slow enough: queued or in prefill) or after ``after_tokens``, in
-  one of the ways of :data:`LEAVE_STYLES`; outcome ``client_abort`` (``half_close``: however
-  the server then ends the stream).
+  any token if the engine is slow enough: queued or in prefill) or after ``after_tokens``
+  (then ``wait_s`` more, reading nothing: a client that leaves mid-decode however busy the
+  engine), in one of the ways of :data:`LEAVE_STYLES`; outcome ``client_abort``
+  (``half_close``: however the server then ends the stream).
 
 A pause that would pass the request's deadline is cut at the deadline (outcome ``timeout``).
 """
@@ -187,14 +188,18 @@ then close: the server never hears a FIN or an RST, as when a phone loses its ne
 class Leave(ClientAction):
     """Leave the stream ``after_s`` seconds after the send (reading nothing before; the
     engine may still be queueing or prefilling the request) or, without ``after_s``, after
-    ``after_tokens`` output tokens, in the way ``how`` names (:data:`LEAVE_STYLES`).
-    ``t_action`` is the moment of leaving (for ``stall_*`` the start of the stall).
-    Validation errors: ``after_s`` with ``after_tokens``, ``stall_s`` without a ``stall_*``."""
+    ``after_tokens`` output tokens and ``wait_s`` seconds more (counted from the arrival of
+    the read that brought them, reading nothing meanwhile: the engine has been decoding the
+    request since its first token, so the client leaves mid-decode however long it queued),
+    in the way ``how`` names (:data:`LEAVE_STYLES`). ``t_action`` is the moment of leaving
+    (after the wait; for ``stall_*`` the start of the stall). Validation errors: ``after_s``
+    with ``after_tokens`` or ``wait_s``, ``stall_s`` without a ``stall_*``."""
 
     model_config = _Frozen
     kind: Literal["leave"] = "leave"
     after_tokens: int = Field(0, ge=0)
     after_s: float | None = Field(None, ge=0)
+    wait_s: float = Field(0.0, ge=0, description="after the after_tokens-th token, s")
     how: LeaveStyle = "fin"
     stall_s: float = Field(0.0, ge=0)
 
@@ -202,6 +207,8 @@ class Leave(ClientAction):
     def _consistent(self) -> Leave:
         if self.after_s is not None and self.after_tokens:
             raise ValueError("give after_s or after_tokens, not both")
+        if self.after_s is not None and self.wait_s:
+            raise ValueError("wait_s counts from the after_tokens-th token: not with after_s")
         if self.stall_s and not self.how.startswith("stall_"):
             raise ValueError(f"stall_s is for how = stall_fin or stall_rst, not {self.how!r}")
         if self.how.startswith("stall_") and not self.stall_s:
@@ -210,7 +217,7 @@ class Leave(ClientAction):
 
     @property
     def pause_s(self) -> float:
-        return self.stall_s + (self.after_s or 0.0)
+        return self.stall_s + (self.after_s or 0.0) + self.wait_s
 
     @property
     def after_send_s(self) -> float | None:
@@ -218,7 +225,16 @@ class Leave(ClientAction):
 
     def apply(self, ctl: StreamControl) -> str | None:
         """Returns ``"client_abort"``, ``None`` after ``half_close`` (read on), ``"cut_by_peer"``
-        if the server cut the connection during a stall, or ``"timeout"``."""
+        if the server cut the connection during a stall, or ``"timeout"`` (the deadline came
+        first, during the wait or the stall)."""
+        if self.wait_s:
+            rec = ctl.record
+            since = rec.chunks[-1].t if rec.chunks else ctl.now()  # the read that brought them
+            left_s = since + self.wait_s - ctl.now()
+            if left_s > 0 and not ctl.pause(left_s):
+                rec.action = rec.t_action = None  # it never left: its deadline came first
+                return "timeout"
+            rec.t_action = ctl.now()
         if self.how == "half_close":
             return HalfClose(after_tokens=0).apply(ctl)
         if self.how == "rst":

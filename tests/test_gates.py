@@ -10,10 +10,16 @@ from pathlib import Path
 import pytest
 
 from harness.gates._baseline import BaselineError, load_baseline
-from harness.gates._evaluate import evaluate_gates
+from harness.gates._evaluate import evaluate_gates, wants_rerun
 from harness.outputs import junit_run, junit_xml
 from harness.outputs._step_summary import step_summary_markdown
-from harness.scenario import GateSyntaxError, ScenarioError, parse_gate, parse_scenario
+from harness.scenario import (
+    GateSyntaxError,
+    GatingConfig,
+    ScenarioError,
+    parse_gate,
+    parse_scenario,
+)
 from tests.test_figures import _summary
 
 
@@ -84,6 +90,41 @@ def test_evaluation_passes_fails_and_gives_reasons():
     assert "not measured" in results[2].reason and "not measured" in results[3].reason
     assert results[4].bound == 9.0 and "1.5 * baseline 6" in results[4].reason
     assert results[5].reason == "baseline x.json has no value for b"
+
+
+def test_a_gate_on_what_was_not_exercised_is_inconclusive_by_the_policy():
+    # A matrix cell none of whose clients left in its phase (MatrixCell.figures): its gates
+    # are inconclusive whatever their figure says; a figure not measured elsewhere still fails.
+    figs = {
+        "decode-fin.exercised": 0.0, "decode-fin.left_in.frontend": 2.0,
+        "decode-fin.left_in.queued": 0.0, "decode-fin.zombies": None, "decode-fin.left": 2.0,
+        "decode-rst.exercised": 1.0, "decode-rst.zombies": 0.0, "other.ttft_p99_ms": None,
+    }  # fmt: skip
+    texts = ("decode-fin.zombies == 0", "decode-fin.left >= 1", "decode-rst.zombies == 0",
+             "other.ttft_p99_ms <= 1")  # fmt: skip
+    gates = [parse_gate(t) for t in texts]
+    results = {
+        p: evaluate_gates(gates, figs, policy=GatingConfig(inconclusive=p))
+        for p in ("warn", "fail", "rerun")
+    }
+    for policy, passed in (("warn", True), ("fail", False), ("rerun", True)):
+        fin, left, rst, other = results[policy]
+        assert (fin.verdict, left.verdict) == ("inconclusive", "inconclusive")
+        assert fin.passed is left.passed is passed
+        assert (rst.verdict, rst.passed) == ("pass", True)
+        assert (other.verdict, other.passed) == ("fail", False)
+        assert other.reason == "other.ttft_p99_ms was not measured in this run"
+    fin, left = results["warn"][:2]
+    assert fin.reason == (
+        "inconclusive, passes with a warning: decode-fin was not exercised (none of its clients "
+        "left in the phase it is named for; they left in frontend 2): decode-fin.zombies was not "
+        "measured, about something that did not happen"
+    )
+    assert "decode-fin.left measured 2" in left.reason
+    assert "fails (inconclusive = 'fail')" in results["fail"][0].reason
+    # rerun: another repeat while one may come (not final), then a warning.
+    again = evaluate_gates(gates, figs, policy=GatingConfig(inconclusive="rerun"), final=False)
+    assert not again[0].passed and wants_rerun(again, GatingConfig(inconclusive="rerun"))
 
 
 def test_relative_gates_without_baseline_fail_unless_skipped_on_purpose():

@@ -123,9 +123,26 @@ def test_a_vanished_client_sends_neither_fin_nor_rst_until_released() -> None:
     assert TABLE_PREFIX not in tables
 
 
+def test_leave_after_the_first_token_and_a_wait() -> None:
+    # The first event comes after a 0.6 s "queue": the client leaves 0.4 s after it, not
+    # 0.4 s after its send.
+    server = WatchingServer(first_event_s=0.6)
+    record = stream_request(_spec(server.url, Leave(after_tokens=1, wait_s=0.4, how="fin")))
+    server.join()
+    assert record.outcome == "client_abort" and record.action == "leave"
+    assert record.t_first_token is not None and record.t_action is not None
+    assert record.t_first_token - record.t_send == pytest.approx(0.6, abs=0.2)
+    assert record.t_action - record.t_first_token == pytest.approx(0.4, abs=0.15)
+    assert server.seen == "fin"
+    assert server.t_seen is not None and server.t_seen - record.t_action < 0.5
+
+
 def test_leave_validation() -> None:
     with pytest.raises(ValidationError, match="not both"):
         Leave(after_s=1, after_tokens=2)
+    with pytest.raises(ValidationError, match="not with after_s"):
+        Leave(after_s=1, wait_s=0.5)
+    assert Leave(after_tokens=1, wait_s=0.5, how="stall_fin", stall_s=1).pause_s == 1.5
     with pytest.raises(ValidationError, match="needs stall_s"):
         Leave(how="stall_fin")
     with pytest.raises(ValidationError, match="stall_s is for"):

@@ -105,7 +105,13 @@ def test_the_matrix_expands_into_victims_cells_and_fillers() -> None:
     assert groups["victims"]["arrival"]["duration_s"] == matrix.timeline_s == 5 * 6.0 + 8.0
     assert groups["queued-fin"]["action"] == {"kind": "leave", "how": "fin", "after_s": 0.5}
     assert groups["queued-fin"]["start_after_s"] == pytest.approx(6.0 + 0.3)
-    assert groups["decode-vanish"]["action"]["after_s"] == matrix.decode_leave_after_s
+    # A decode cell's clients leave once decoding: after their first token, then the delay.
+    decode = groups["decode-vanish"]["action"]
+    assert decode == {"kind": "leave", "how": "vanish", "after_tokens": 1, "wait_s": 0.3}
+    assert MatrixConfig(decode_leave_after_s=None).decode_after_tokens == 8
+    by_tokens = matrix_groups(MatrixConfig(phases=["decode"], leaves=["fin"],
+                                           decode_leave_after_s=None))[-1]["action"]  # fmt: skip
+    assert by_tokens == {"kind": "leave", "how": "fin", "after_tokens": 8}
     assert groups["decode-vanish"]["start_after_s"] == 4 * 6.0
 
 

@@ -17,6 +17,13 @@ Verdicts:
   when it lies wholly outside and the Mann-Whitney U p-value is below ``alpha``,
   ``inconclusive`` otherwise.
 
+A gate on a figure that was not measured (``None``) fails, saying so; but a gate on a figure
+of something that was **not exercised** (its owner's ``<owner>.exercised`` figure is 0: a
+disconnect-matrix cell none of whose clients left in its phase,
+:meth:`harness.runfolder.MatrixCell.figures`) is ``inconclusive``, whatever the figure's
+value: it is about something that did not happen, so it is never a pass, nor the stack's
+failure.
+
 What an inconclusive gate does is the scenario's ``[gating] inconclusive`` policy
 (:class:`~harness.scenario.GatingConfig`): ``fail``, ``warn`` (passes, saying so), or
 ``rerun`` (the caller adds a repeat while :func:`wants_rerun` says so; once it may not,
@@ -117,7 +124,8 @@ def evaluate_gates(
     docstring). ``evidence`` and ``baseline_evidence`` (per-repeat figures and per-request
     samples) give the intervals; without them relative gates compare the figures as they are
     and distribution gates fail for want of samples. Never raises for missing values: a gate
-    without a measured value or without a baseline value fails with that reason.
+    without a measured value or without a baseline value fails with that reason, one whose
+    figure's owner was not exercised (``<owner>.exercised`` is 0) is inconclusive.
     ``baseline_source`` names the baseline in reasons (e.g. its path). With ``skip_relative``
     (and no ``baseline``) relative gates are reported as skipped instead of failed: for the
     first run of a scenario, whose folder then becomes the baseline. ``policy`` (default
@@ -164,6 +172,8 @@ def _evaluate(
     if gate.relative and baseline is None and skip_relative:
         why = f"skipped: no baseline on purpose (measured {_num(measured)})"
         return _with(plain, SKIPPED, why, policy, final, skipped=True)
+    if (idle := not_exercised(gate.figure, figures)) is not None:
+        return _with(plain, INCONCLUSIVE, idle, policy, final)
     if gate.relative and baseline is None:
         return _with(plain, FAIL, "no baseline was loaded for this relative gate", policy, final)
     if gate.distribution:
@@ -189,6 +199,26 @@ def _evaluate(
     reason = f"measured {_num(measured)}{_span(low, high)}, bound {gate.op} {_num(plain.bound)}"
     reason += _relative_text(gate, base)
     return _with(plain, verdict, reason, policy, final, low=low, high=high)
+
+
+def not_exercised(figure: str, figures: Mapping[str, float | None]) -> str | None:
+    """Why ``figure`` is about something that did not happen, or ``None``: one line naming
+    the owner (a part of the figure's name) whose ``<owner>.exercised`` figure is 0, and,
+    from its ``<owner>.left_in.<phase>`` figures, where its clients left instead."""
+    for owner in figure.split(".")[:-1]:
+        if figures.get(f"{owner}.exercised") != 0.0:
+            continue
+        head = f"{owner}.left_in."
+        where = [f"{n[len(head):]} {v:g}" for n, v in sorted(figures.items())
+                 if n.startswith(head) and v]  # fmt: skip
+        instead = f"; they left in {', '.join(where)}" if where else ""
+        value = figures.get(figure)
+        measured = "was not measured" if value is None else f"measured {_num(value)}"
+        return (
+            f"{owner} was not exercised (none of its clients left in the phase it is named "
+            f"for{instead}): {figure} {measured}, about something that did not happen"
+        )
+    return None
 
 
 def _relative_text(gate: Gate, base: float | None, low: float | None = None,

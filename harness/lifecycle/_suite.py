@@ -133,15 +133,21 @@ def _gate_failures(gates: list[GateResult], prefix: str = "") -> list[str]:
 
 
 def _cell_line(c: MatrixCell) -> str:
+    """One run's line of a cell; a cell none of whose clients left in its phase says so first,
+    with where they were instead (``harness.outputs.abort_text``)."""
+    victims = f"victims' TTFT p99 x control {ratio_text(c)}"
+    if c.exercised is False:
+        return f"{c.cell}: {abort_text(c)}: its gates are inconclusive; {victims}"
     return (
         f"{c.cell}: phases {c.phases or '-'}; leave->abort ms p50 / max {abort_text(c)}; "
-        f"tokens after leaving {wasted_text(c)}; victims' TTFT p99 x control {ratio_text(c)}"
+        f"tokens after leaving {wasted_text(c)}; {victims}"
     )
 
 
 def _matrix_cases(scenario: Scenario, result: PlanResult) -> list[CaseOutcome]:
-    """One case per cell: the gates that name the cell's group (per configuration), and each
-    run's line of the cell."""
+    """One case per cell: the gates that name the cell's group (per configuration: those that
+    failed fail it, those inconclusive that passed by the scenario's policy are listed), and
+    each run's line of the cell."""
     cases: dict[str, CaseOutcome] = {}
     for label, arm in result.arms.items():
         prefix = f"{label}: " if len(result.arms) > 1 else ""
@@ -155,6 +161,8 @@ def _matrix_cases(scenario: Scenario, result: PlanResult) -> list[CaseOutcome]:
                 if i == 0:
                     theirs = [g for g in arm.gates if g.figure.startswith(f"{cell.cell}.")]
                     case.failures += _gate_failures(theirs, prefix)
+                    case.details += [f"{prefix}{g.gate}: {g.reason}"
+                                     for g in theirs if g.inconclusive and g.passed]  # fmt: skip
                 case.details.append(where + _cell_line(cell))
     return list(cases.values())
 

@@ -2,7 +2,9 @@
 
 One grid per question: how long after leaving the engine aborted the clients (p50 and max,
 and how many of the cell's clients it aborted at all), the tokens decoded for nobody, and the
-victims' TTFT p99 against the control window. Used by the console and the HTML report.
+victims' TTFT p99 against the control window. A cell none of whose clients left in its phase
+says so, with where they were instead (``not exercised: frontend 2``), and has no heat. Used
+by the console, the HTML report and the suite's case lines.
 """
 
 from __future__ import annotations
@@ -45,10 +47,26 @@ def matrix_grid(cells: list[MatrixCell]) -> MatrixGrid:
     return MatrixGrid(phases, leaves, grid, control)
 
 
+def exercise_text(c: MatrixCell) -> str:
+    """Whether the cell did what it is named for: ``""`` (it did, or it cannot be told),
+    ``"not exercised: <where they were> (0 of <left> left in <phase>)"``, or ``"not
+    exercised: none of <clients> left (<outcomes>)"``."""
+    if c.exercised is not False:
+        return ""
+    if not c.left:
+        why = ", ".join(f"{o} {n}" for o, n in c.stayed.items()) or "none sent"
+        return f"not exercised: none of {c.clients} left ({why})"
+    where = ", ".join(f"{p} {n}" for p, n in c.phases.items()) or f"{c.reached_phase} (client)"
+    return f"not exercised: {where} (0 of {c.left} left in {c.phase})"
+
+
 def abort_text(c: MatrixCell) -> str:
     """``"p50 / max ms (aborted/left)"``, ``"never (0/left)"`` when some left while the engine
     still ran them, else ``"none to abort (0/left: <phases>)"`` (they left after generation
-    ended, or the engine never had them)."""
+    ended, or the engine never had them); for a cell that was not exercised its
+    :func:`exercise_text`."""
+    if c.exercised is False:
+        return exercise_text(c)
     if not c.left:
         return "-"
     if not c.aborted:
@@ -60,9 +78,11 @@ def abort_text(c: MatrixCell) -> str:
     return f"{p50} / {worst} ({c.aborted}/{c.left})"
 
 
-def abort_level(c: MatrixCell) -> int:
+def abort_level(c: MatrixCell) -> int | None:
     """0 (aborted within 1 s) to 3 (some left while running and were never aborted): the heat
-    of a cell."""
+    of a cell; ``None`` (no heat) for a cell that was not exercised."""
+    if c.exercised is False:
+        return None
     if not c.left:
         return 0
     if c.zombies:
@@ -82,6 +102,10 @@ def ratio_text(c: MatrixCell) -> str:
 
 
 _STYLE = ("green", "yellow", "dark_orange", "bold red")
+
+
+def _styled(text: str, level: int | None) -> str:
+    return f"[{'magenta' if level is None else _STYLE[level]}]{text}[/]"
 
 
 def print_matrix(cells: list[MatrixCell], console: Console) -> None:
@@ -104,7 +128,7 @@ def print_matrix(cells: list[MatrixCell], console: Console) -> None:
             for leave in g.leaves:
                 c = g.cells[phase].get(leave)
                 cell = "-" if c is None else text(c)
-                row.append(f"[{_STYLE[abort_level(c)]}]{cell}[/]" if heat and c else cell)
+                row.append(_styled(cell, abort_level(c)) if heat and c else cell)
             table.add_row(phase, *row)
         console.print(table)
     if g.control is not None:
@@ -112,4 +136,10 @@ def print_matrix(cells: list[MatrixCell], console: Console) -> None:
             f"[dim]control window (victims alone): TTFT p99 {_f(g.control.victim_ttft_p99_ms, 1)} "
             f"ms over {g.control.victim_requests} requests; a client's phase is the engine's "
             "own record of it when the client left (summary.json matrix[].phases)[/dim]"
+        )
+    idle = [c for row in g.cells.values() for c in row.values() if c.exercised is False]
+    if idle:
+        console.print(
+            f"[magenta]not exercised (no client left in the phase the cell is named for; its "
+            f"gates are inconclusive): {', '.join(c.cell for c in idle)}[/]"
         )

@@ -8,7 +8,7 @@ comparisons and reports all read a run through them; :mod:`harness.analysis` fil
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field
 
@@ -208,21 +208,47 @@ class ServerSummary(BaseModel):
 class MatrixCell(BaseModel):
     """One cell of the disconnect matrix (``harness.analysis._matrix``), or its control
     window (``phase`` and ``leave`` ``"control"``: victims alone). Window times are s from the
-    run's first send; latencies ms. ``phases``: where the engine had each client when it left
-    (its own records); ``aborted``: clients the engine aborted, ``leave_to_abort_*`` their
-    times from leaving; ``never_aborted`` = ``left - aborted``, of which ``zombies`` left while
-    the engine still had the request (the others left after it finished); ``victim_*``: the victims'
-    requests sent in the window, ``victim_ttft_p99_ratio`` against the control window."""
+    run's first send; latencies ms. ``clients``: the cell's clients (requests sent), ``left``
+    of them left (``stayed``: the outcomes of the others, e.g. ``timeout`` for one whose
+    deadline came before its first token); ``phases``: where the engine had each client when
+    it left (its own records); ``aborted``: clients the engine aborted, ``leave_to_abort_*``
+    their times from leaving; ``never_aborted`` = ``left - aborted``, of which ``zombies`` left
+    while the engine still had the request (the others left after it finished); ``victim_*``:
+    the victims' requests sent in the window, ``victim_ttft_p99_ratio`` against the control
+    window.
+
+    ``exercised``: whether the cell did what it is named for: ``True`` when ``in_phase`` (at
+    least one) of its clients left in its phase, ``False`` when none did (``reached_phase``:
+    where most of them were instead, e.g. ``frontend`` for clients still waiting for a model
+    lock, ``finished`` for clients that left after generation ended; ``None`` when none
+    left), ``None`` when it cannot be told (some phases unknown; the control window).
+    ``phase_source``: ``engine`` (its records) or ``client`` (without engine records, a client
+    that had a token before leaving was past queue and prefill). In a cell that was not
+    exercised the figures of :attr:`LEAVE_FIGURES` are ``None``: not measured; so is
+    ``zombies`` without the engine's phases (a zombie left while the engine had its
+    request)."""
+
+    # The cell's figures about its leavers, named as a group's (``<cell>.<name>``).
+    LEAVE_FIGURES: ClassVar[tuple[str, ...]] = (
+        "zombies", "leave_to_abort_p50_ms", "leave_to_abort_p90_ms", "leave_to_abort_max_ms",
+        "leave_to_kv_free_p50_ms", "tokens_after_leave_mean",
+    )  # fmt: skip
 
     cell: str
     phase: str
     leave: str
     window_s: tuple[float, float]
+    clients: int = 0
     left: int = 0
+    stayed: dict[str, int] = Field(default_factory=dict)
     phases: dict[str, int] = Field(default_factory=dict)
+    phase_source: Literal["engine", "client"] | None = None
+    in_phase: int = 0
+    exercised: bool | None = None
+    reached_phase: str | None = None
     aborted: int = 0
     never_aborted: int = 0
-    zombies: int = 0
+    zombies: int | None = 0
     leave_to_abort_p50_ms: float | None = None
     leave_to_abort_p90_ms: float | None = None
     leave_to_abort_max_ms: float | None = None
@@ -233,6 +259,26 @@ class MatrixCell(BaseModel):
     victim_ttft_p99_ms: float | None = None
     victim_itl_p99_ms: float | None = None
     victim_ttft_p99_ratio: float | None = None
+
+    def figures(self) -> dict[str, float | None]:
+        """The cell's own figures, ``<cell>.<name>`` (nothing for the control window), which
+        take the place of its group's figures of the same names: ``exercised`` (1, 0, or
+        ``None``: cannot be told), ``in_phase``, ``left_in.<phase>`` (clients that left in each
+        phase the engine recorded), and :attr:`LEAVE_FIGURES` (``None``: not measured).
+        A gate on a cell whose ``exercised`` is 0 is inconclusive
+        (``harness.gates._evaluate``)."""
+        if self.phase == "control":
+            return {}
+        name = self.cell
+        out: dict[str, float | None] = {
+            f"{name}.exercised": None if self.exercised is None else float(self.exercised),
+            f"{name}.in_phase": float(self.in_phase),
+        }
+        out |= {f"{name}.left_in.{p}": float(n) for p, n in self.phases.items()}
+        for f in self.LEAVE_FIGURES:
+            value = getattr(self, f)
+            out[f"{name}.{f}"] = None if value is None else float(value)
+        return out
 
 
 class RunSummary(BaseModel):

@@ -15,12 +15,16 @@ its own window of ``cell_s`` seconds, after a control window in which only the v
   slot (``queue_fill`` must be at least the engine's ``max_num_seqs``);
   ``prefill`` ``prefill_leave_after_s`` after sending a ``prefill_prompt_tokens`` prompt
   (asking ``prefill_max_tokens``);
-  ``decode`` ``decode_leave_after_s`` after the send (by time: a load process late to read, on
-  a busy machine, still leaves while the engine decodes; ``None``: after
-  ``decode_after_tokens`` tokens). ``stall_*`` ways stall ``stall_s`` first.
+  ``decode`` ``decode_leave_after_s`` after its first token (counted from the token's
+  arrival, reading nothing meanwhile: it leaves only once the engine is decoding its
+  request, however long a busy engine kept it queued, and a load process late to read still
+  leaves mid-decode; ``None``: after ``decode_after_tokens`` tokens). ``stall_*`` ways stall
+  ``stall_s`` first.
 
 The phase a client really left in is read from the engine's own records afterwards
-(``harness.analysis._leaves``): a cell says what was intended, the analysis what happened.
+(``harness.analysis._leaves``): a cell says what was intended, the analysis what happened,
+and a cell none of whose clients left in its phase is reported as not exercised
+(``harness.analysis._matrix``; its gates are inconclusive).
 :func:`expand_matrix` adds the groups before the scenario is validated, so gates may name
 cells (``decode-fin.leave_to_abort_max_ms <= 2000``); the matrix owns every group named
 ``victims`` or ``<phase>-<leave>[-fill]`` and replaces a group of that name.
@@ -60,9 +64,9 @@ class MatrixConfig(BaseModel):
     decode_leave_after_s: float | None = Field(
         0.3,
         gt=0,
-        description="decode: leave this long after the send, reading nothing before (a load "
-        "process late to read still leaves while the engine decodes); None: after "
-        "decode_after_tokens tokens",
+        description="decode: leave this long after the first token arrived, reading nothing "
+        "meanwhile (never while still queued on a busy engine; a load process late to read "
+        "still leaves while the engine decodes); None: after decode_after_tokens tokens",
     )
     decode_after_tokens: int = Field(8, ge=1)
     stall_s: float = Field(2.0, gt=0, description="stall_fin, stall_rst: stall this long")
@@ -106,11 +110,10 @@ def _leave(matrix: MatrixConfig, phase: str, how: str) -> dict[str, Any]:
     stall = {"stall_s": matrix.stall_s} if how.startswith("stall_") else {}
     if phase == "decode" and matrix.decode_leave_after_s is None:
         return {"kind": "leave", "how": how, "after_tokens": matrix.decode_after_tokens, **stall}
-    after = {
-        "queued": matrix.leave_after_s,
-        "prefill": matrix.prefill_leave_after_s,
-        "decode": matrix.decode_leave_after_s,
-    }[phase]
+    if phase == "decode":  # once the engine decodes it: its first token, then the delay
+        wait = {"after_tokens": 1, "wait_s": matrix.decode_leave_after_s}
+        return {"kind": "leave", "how": how, **wait, **stall}
+    after = {"queued": matrix.leave_after_s, "prefill": matrix.prefill_leave_after_s}[phase]
     return {"kind": "leave", "how": how, "after_s": after, **stall}
 
 
