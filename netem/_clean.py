@@ -159,63 +159,91 @@ def clean(
     Raises :class:`~netem._netns.NetemPermissionError` without CAP_NET_ADMIN.
     """
     require_net_admin("zerowindow netem clean")
-    report = CleanReport()
-    live: set[str] = set()
-    live_names: set[str] = set()  # resources (and delay-line tags) of live runs
-    done: set[str] = set()
-    for path in _state_files(results):
-        state = read_state(path)
-        if state is None or state.get("status") == "cleaned":
-            continue
-        rid = str(state["run_id"])
-        if run_id is not None and rid != run_id:
-            continue
-        if rid in done:  # the run folder's copy of a runtime state file already cleaned
-            _mark_cleaned(path, state)
-            continue
-        if owner_alive(state) and not force:
-            live.add(rid)
-            for res in state.get("resources", []):
-                name = str(res.get("name", ""))
-                live_names.update({name, name.partition(" ")[2]})
-            continue
-        if state.get("status") != "released":
-            report.removed += clean_state(state)
-        report.state_files.append(str(path))
-        done.add(rid)
-        _mark_cleaned(path, state)
+    cleaner = _Cleaner(run_id=run_id, force=force, unrecorded=unrecorded)
+    cleaner.by_state_files(results)
+    # By prefix: what no state file named (or a state file that was lost).
+    cleaner.namespaces_and_links()
+    if run_id is None:
+        cleaner.by_shaping_tag()
+    cleaner.nft_tables()
+    cleaner.report.skipped_live_runs = sorted(cleaner.live)
+    return cleaner.report
 
-    def wanted(name: str) -> bool:
+
+@dataclass
+class _Cleaner:
+    """The steps of one :func:`clean`, in the order it takes them, and what they found."""
+
+    run_id: str | None
+    force: bool
+    unrecorded: bool
+    report: CleanReport = field(default_factory=CleanReport)
+    live: set[str] = field(default_factory=set)  # ids of runs whose owner still runs
+    live_names: set[str] = field(default_factory=set)  # their resources and delay-line tags
+    done: set[str] = field(default_factory=set)  # ids of runs cleaned by their state files
+
+    def by_state_files(self, results: Path | None) -> None:
+        """Release what each dead run's state file names (runtime copies and run folders)."""
+        for path in _state_files(results):
+            state = read_state(path)
+            if state is None or state.get("status") == "cleaned":
+                continue
+            rid = str(state["run_id"])
+            if self.run_id is not None and rid != self.run_id:
+                continue
+            if rid in self.done:  # the run folder's copy of a runtime state file already cleaned
+                _mark_cleaned(path, state)
+                continue
+            if owner_alive(state) and not self.force:
+                self.live.add(rid)
+                for res in state.get("resources", []):
+                    name = str(res.get("name", ""))
+                    self.live_names.update({name, name.partition(" ")[2]})
+                continue
+            if state.get("status") != "released":
+                self.report.removed += clean_state(state)
+            self.report.state_files.append(str(path))
+            self.done.add(rid)
+            _mark_cleaned(path, state)
+
+    def wanted(self, name: str) -> bool:
+        """Whether a ``zw-`` name found on the machine is to go (an unrecorded one that is not
+        is listed in the report's ``skipped_unrecorded``)."""
         rid = run_id_of(name)
-        if not name.startswith(PREFIX) or (rid is not None and rid in live):
+        if not name.startswith(PREFIX) or (rid is not None and rid in self.live):
             return False
-        if run_id is not None:
-            return rid == run_id
-        if rid in done or unrecorded:
+        if self.run_id is not None:
+            return rid == self.run_id
+        if rid in self.done or self.unrecorded:
             return True
-        report.skipped_unrecorded.append(name)
+        self.report.skipped_unrecorded.append(name)
         return False
 
-    # By prefix: what no state file named (or a state file that was lost).
-    for name in list_netns():
-        if wanted(name):
-            report.removed += destroy_resources([{"kind": "netns", "name": name}])
-    with IPRoute() as ipr:
-        for link in ipr.get_links():
-            name = link.get("ifname") or ""
-            if wanted(name):
-                try:
-                    ipr.link("del", index=link["index"])
-                except NetlinkError:
-                    continue  # gone with its veth peer
-                report.removed.append(f"link {name}")
-    # Delay lines and host-side shaping named by a shaping tag (zw-<hash>) rather than a run
-    # id: what a dead run's state file named went with it above; the rest is unrecorded.
-    if run_id is None:
+    def namespaces_and_links(self) -> None:
+        """Remove the wanted ``zw-`` namespaces, then root-namespace interfaces."""
+        report = self.report
+        for name in list_netns():
+            if self.wanted(name):
+                report.removed += destroy_resources([{"kind": "netns", "name": name}])
+        with IPRoute() as ipr:
+            for link in ipr.get_links():
+                name = link.get("ifname") or ""
+                if self.wanted(name):
+                    try:
+                        ipr.link("del", index=link["index"])
+                    except NetlinkError:
+                        continue  # gone with its veth peer
+                    report.removed.append(f"link {name}")
+
+    def by_shaping_tag(self) -> None:
+        """Delay lines and host-side shaping named by a shaping tag (zw-<hash>) rather than a
+        run id: what a dead run's state file named went with it before; the rest is
+        unrecorded (removed only with ``unrecorded``)."""
+        report = self.report
         for kind, name, netns in leftovers(PREFIX, namespaces=[None]):
-            if name in live_names:
+            if name in self.live_names:
                 continue
-            if not unrecorded:
+            if not self.unrecorded:
                 report.skipped_unrecorded.append(f"{kind} {name}")
                 continue
             try:
@@ -224,14 +252,15 @@ def clean(
             except (NetnsError, OSError):
                 pass
         for pid, tag in delay_line_processes(PREFIX):
-            if tag in live_names:
+            if tag in self.live_names:
                 continue
-            if not unrecorded:
+            if not self.unrecorded:
                 report.skipped_unrecorded.append(f"delay line {pid} ({tag})")
             elif kill_delay_line(pid, tag):
                 report.removed.append(f"delay line {pid} ({tag})")
-    for family, name in _nft_tables():
-        if wanted(name) and _delete_nft_table(family, name):
-            report.removed.append(f"nft table {name}")
-    report.skipped_live_runs = sorted(live)
-    return report
+
+    def nft_tables(self) -> None:
+        """Delete the wanted ``zw-`` nftables tables of the root namespace."""
+        for family, name in _nft_tables():
+            if self.wanted(name) and _delete_nft_table(family, name):
+                self.report.removed.append(f"nft table {name}")

@@ -131,62 +131,26 @@ def _throughput(sender_netns: str | None, receiver_netns: str | None, addr: str,
     """Goodput (kbit/s) of a bulk transfer sender -> receiver for ``duration_s``."""
     listen_ns = receiver_netns if receiver_listens else sender_netns
     connect_ns = sender_netns if receiver_listens else receiver_netns
+    other, accepted = _connected_pair(listen_ns, connect_ns, addr, timeout)
+    snd, rcv = (other, accepted) if receiver_listens else (accepted, other)
+    sender = threading.Thread(target=_send_bulk, args=(snd, timeout), daemon=True)
+    sender.start()
+    try:
+        return _receive_rate_kbit(rcv, duration_s)
+    finally:
+        rcv.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        rcv.close()  # RST: the sender's pending data is dropped, it stops at once
+        sender.join(timeout)
+        snd.close()
+
+
+def _connected_pair(listen_ns: str | None, connect_ns: str | None, addr: str,
+                    timeout: float) -> tuple[socket.socket, socket.socket]:
+    """A TCP connection from ``connect_ns`` to a listener in ``listen_ns`` on ``addr``:
+    (the connecting end, the accepted end). Raises ``ConnectionError`` when nothing was
+    accepted within ``timeout``, ``OSError`` when the connect fails."""
     lst = _listener(listen_ns, addr)
     lst.settimeout(timeout)
-    result: dict[str, float] = {}
-    chunk = b"\0" * 65536
-
-    def send(s: socket.socket) -> None:
-        # A deep send buffer keeps the link busy while this thread waits for the CPU (the
-        # autotuned one holds ~2 cwnd: on a loaded machine a 1000 kbit/s link then idled, 582).
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 2 * 1024 * 1024)
-        s.settimeout(timeout)
-        try:
-            while True:
-                s.sendall(chunk)
-        except OSError:
-            pass  # the receiver closed: done
-
-    def receive(s: socket.socket) -> None:
-        # Samples pair a timestamp with the kernel's count of data segments that reached the
-        # socket (tcpi_data_segs_in, retransmissions and out-of-order ones included), not with
-        # bytes read or delivered in order: a tbf queue overflow makes the in-order byte count
-        # stall for an RTO and then jump (measured: nothing for 0.3-0.6 s, then 63-66 kB at
-        # once, on a 1000 kbit/s tbf), while segments keep arriving at the link's pace.
-        s.settimeout(None)
-        s.setblocking(False)
-        marks: list[tuple[float, int]] = []
-        mss = 0
-        eof = False
-        start = time.perf_counter()
-        while True:
-            ready, _, _ = select.select([s], [], [], 0.02)
-            if ready:
-                try:
-                    while s.recv(262144):
-                        pass
-                    eof = True  # the sender went away
-                    break
-                except BlockingIOError:
-                    pass
-            now = time.perf_counter()
-            info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_LEN)
-            mss = max(mss, struct.unpack_from("I", info, _TCPI_RCV_MSS_OFFSET)[0])
-            marks.append((now, struct.unpack_from("I", info, _TCPI_DATA_SEGS_IN_OFFSET)[0]))
-            if now - start >= duration_s:
-                break
-        # The second half of the window (slow start is over by then: the window is at least 8
-        # RTTs long, see measure_link): least-squares slope of segments over time.
-        tail = [(t, n) for t, n in marks if t >= start + duration_s / 2]
-        if len(tail) < 3:
-            raise ConnectionError(
-                f"bulk transfer: {len(tail)} samples in the second half of the window "
-                f"({len(marks)} in all, {time.perf_counter() - start:.2f} s of {duration_s:.2f} s"
-                f"{', the sender closed early' if eof else ''})"
-            )
-        slope = float(np.polyfit([t for t, _ in tail], [n for _, n in tail], 1)[0])
-        result["kbit"] = slope * mss * 8 / 1000
-
     conns: list[socket.socket] = []
 
     def accept() -> None:
@@ -203,18 +167,65 @@ def _throughput(sender_netns: str | None, receiver_netns: str | None, addr: str,
     if not conns:
         other.close()
         raise ConnectionError("bulk transfer: no connection accepted")
-    accepted = conns[0]
-    snd, rcv = (other, accepted) if receiver_listens else (accepted, other)
-    sender = threading.Thread(target=send, args=(snd,), daemon=True)
-    sender.start()
+    return other, conns[0]
+
+
+def _send_bulk(s: socket.socket, timeout: float) -> None:
+    """Send zeros on ``s`` until the receiver closes it."""
+    chunk = b"\0" * 65536
+    # A deep send buffer keeps the link busy while this thread waits for the CPU (the
+    # autotuned one holds ~2 cwnd: on a loaded machine a 1000 kbit/s link then idled, 582).
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 2 * 1024 * 1024)
+    s.settimeout(timeout)
     try:
-        receive(rcv)
-    finally:
-        rcv.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        rcv.close()  # RST: the sender's pending data is dropped, it stops at once
-        sender.join(timeout)
-        snd.close()
-    return result["kbit"]
+        while True:
+            s.sendall(chunk)
+    except OSError:
+        pass  # the receiver closed: done
+
+
+def _receive_rate_kbit(s: socket.socket, duration_s: float) -> float:
+    """Read ``s`` for ``duration_s`` and return the rate data segments reached it at (kbit/s,
+    payload: segments x MSS), the least-squares slope over the second half of the window.
+    Raises ``ConnectionError`` with fewer than 3 samples in that half."""
+    # Samples pair a timestamp with the kernel's count of data segments that reached the
+    # socket (tcpi_data_segs_in, retransmissions and out-of-order ones included), not with
+    # bytes read or delivered in order: a tbf queue overflow makes the in-order byte count
+    # stall for an RTO and then jump (measured: nothing for 0.3-0.6 s, then 63-66 kB at
+    # once, on a 1000 kbit/s tbf), while segments keep arriving at the link's pace.
+    s.settimeout(None)
+    s.setblocking(False)
+    marks: list[tuple[float, int]] = []
+    mss = 0
+    eof = False
+    start = time.perf_counter()
+    while True:
+        ready, _, _ = select.select([s], [], [], 0.02)
+        if ready:
+            try:
+                while s.recv(262144):
+                    pass
+                eof = True  # the sender went away
+                break
+            except BlockingIOError:
+                pass
+        now = time.perf_counter()
+        info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_LEN)
+        mss = max(mss, struct.unpack_from("I", info, _TCPI_RCV_MSS_OFFSET)[0])
+        marks.append((now, struct.unpack_from("I", info, _TCPI_DATA_SEGS_IN_OFFSET)[0]))
+        if now - start >= duration_s:
+            break
+    # The second half of the window (slow start is over by then: the window is at least 8
+    # RTTs long, see measure_link): least-squares slope of segments over time.
+    tail = [(t, n) for t, n in marks if t >= start + duration_s / 2]
+    if len(tail) < 3:
+        raise ConnectionError(
+            f"bulk transfer: {len(tail)} samples in the second half of the window "
+            f"({len(marks)} in all, {time.perf_counter() - start:.2f} s of {duration_s:.2f} s"
+            f"{', the sender closed early' if eof else ''})"
+        )
+    slope = float(np.polyfit([t for t, _ in tail], [n for _, n in tail], 1)[0])
+    return slope * mss * 8 / 1000
 
 
 def _loss(sender_netns: str | None, receiver_netns: str | None, receiver_addr: str,
