@@ -4,25 +4,20 @@ figures: ``zerowindow bench client`` (our load client beside vLLM's benchmark cl
 targets of docs/bench.md as verdicts. ``make bench`` (bench/run.py) writes bench/RESULTS.md
 from the same functions.
 
-One concern per module: the bench SSE server (``_sse_server``), the client benchmark
-(``_client_bench``), vLLM's client runner (``_vllm_client``), the client comparison and its
-targets (``_client_check``), the proxy benchmark's upstream and client (``_upstream``), the
-proxy benchmark and its targets (``_proxy_bench``), tables and JSON (``_render``).
+One concern per module: the bench SSE server (``_sse_server``) and its handle as a child
+(``_bench_server``), the toolkit's load client as the benchmarks run it (``_locust_load``), the
+client benchmark's measurement of events/s, CPU and ITL error (``_client_bench``), slow-reader
+capacity (``_slow_bench``), open-loop send lag (``_send_lag_bench``), vLLM's client runner
+(``_vllm_client``), the client comparison and its targets (``_client_check``), the proxy
+benchmark's upstream and client (``_upstream``), the proxy benchmark and its targets
+(``_proxy_bench``), tables and JSON (``_render``).
 """
 
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from harness.benchmarks._client_bench import (
-        CLIENTS,
-        ItlResult,
-        SendLagResult,
-        SlowResult,
-        run_itl,
-        run_send_lag,
-        run_slow,
-    )
+    from harness.benchmarks._client_bench import CLIENTS, ItlResult, run_itl
     from harness.benchmarks._client_check import ClientBench, run_client_bench, vllm_missing
     from harness.benchmarks._common import (
         BenchError,
@@ -47,6 +42,8 @@ if TYPE_CHECKING:
         to_json,
         verdict_lines,
     )
+    from harness.benchmarks._send_lag_bench import SendLagResult, run_send_lag
+    from harness.benchmarks._slow_bench import SlowResult, run_slow
 
 # Loaded on first use, so that the servers the benchmarks start as children (``python -m
 # harness.benchmarks._sse_server``, ``._upstream``, ``._vllm_client``) import only themselves.
@@ -69,14 +66,14 @@ _LAZY = {
     "ProxyBench": "harness.benchmarks._proxy_bench",
     "ProxyResult": "harness.benchmarks._proxy_bench",
     "ProxyWorkload": "harness.benchmarks._proxy_bench",
-    "SendLagResult": "harness.benchmarks._client_bench",
-    "SlowResult": "harness.benchmarks._client_bench",
+    "SendLagResult": "harness.benchmarks._send_lag_bench",
+    "SlowResult": "harness.benchmarks._slow_bench",
     "Verdict": "harness.benchmarks._common",
     "run_client_bench": "harness.benchmarks._client_check",
     "run_itl": "harness.benchmarks._client_bench",
     "run_proxy_bench": "harness.benchmarks._proxy_bench",
-    "run_send_lag": "harness.benchmarks._client_bench",
-    "run_slow": "harness.benchmarks._client_bench",
+    "run_send_lag": "harness.benchmarks._send_lag_bench",
+    "run_slow": "harness.benchmarks._slow_bench",
     "vllm_missing": "harness.benchmarks._client_check",
 }
 

@@ -129,13 +129,45 @@ def run_client_bench(
     if interval_ms <= 0:
         raise BenchError("--interval-ms must be positive (the paced workload)")
     machine = Machine.now()
+    skipped = _skipped(clients)
+    runs = [c for c in CLIENTS if c not in skipped]
+    figures = _measure(runs, streams, events, paced_events, interval_ms, say)
+    machine.done()
+    ratios = _ratios(figures)
+    offered = streams * 1000.0 / interval_ms
+    return ClientBench(
+        command=command or client_command(clients, streams, events, paced_events, interval_ms),
+        streams=streams,
+        events=events,
+        paced_events=paced_events,
+        interval_ms=interval_ms,
+        offered_events_per_s=offered,
+        clients=figures,
+        skipped=skipped,
+        ratios=ratios,
+        verdicts=_verdicts(ratios, skipped, offered),
+        machine=machine,
+        notes=_notes(figures, offered, streams, interval_ms),
+    )
+
+
+def _skipped(clients: tuple[str, ...]) -> dict[str, str]:
+    """The clients of :data:`CLIENTS` that will not run, and why (vLLM's when it cannot run
+    here, those not in ``clients``)."""
     skipped: dict[str, str] = {}
     if "vllm" in clients and (why := vllm_missing()) is not None:
         skipped["vllm"] = why
     for c in CLIENTS:
         if c not in clients:
             skipped[c] = "not asked for (--clients)"
-    runs = [c for c in CLIENTS if c not in skipped]
+    return skipped
+
+
+def _measure(
+    runs: list[str], streams: int, events: int, paced_events: int, interval_ms: float,
+    say: Callable[[str], None],
+) -> dict[str, ClientFigures]:  # fmt: skip
+    """Each client of ``runs`` on the full-speed workload, then each on the paced one."""
     full, paced = {}, {}
     for c in runs:
         say(f"{c}: {streams} streams x {events} events at full speed")
@@ -143,8 +175,11 @@ def run_client_bench(
     for c in runs:
         say(f"{c}: {streams} streams x {paced_events} events, one every {interval_ms:g} ms")
         paced[c] = run_itl(client=c, streams=streams, interval_ms=interval_ms, events=paced_events)
-    figures = {c: _figures(full[c], paced[c]) for c in runs}
-    machine.done()
+    return {c: _figures(full[c], paced[c]) for c in runs}
+
+
+def _ratios(figures: dict[str, ClientFigures]) -> dict[str, float | None]:
+    """Ours / vLLM's client of the three figures the targets judge (None: one is missing)."""
     ours, theirs = figures.get("zerowindow"), figures.get("vllm")
 
     def ours_to_theirs(key: str) -> float | None:
@@ -152,14 +187,19 @@ def run_client_bench(
             return None
         return ratio(getattr(ours, key), getattr(theirs, key))
 
-    ratios = {
+    return {
         k: ours_to_theirs(k) for k in ("cpu_us_per_event", "ceiling_events_per_s", "itl_err_p99_ms")
     }
+
+
+def _verdicts(
+    ratios: dict[str, float | None], skipped: dict[str, str], offered: float
+) -> list[Verdict]:
+    """The three targets judged on ``ratios`` (a missing ratio says why, from ``skipped``)."""
     missing = "; ".join(f"{c} not measured: {why}" for c, why in skipped.items()) or (
         "a figure is missing (a window too short to measure?)"
     )
-    offered = streams * 1000.0 / interval_ms
-    verdicts = [
+    return [
         check(
             "cpu_per_event", f"CPU µs per event at full speed <= {TARGET_CPU_RATIO:g}x vLLM's",
             ratios["cpu_us_per_event"], TARGET_CPU_RATIO, at_least=False, missing=missing,
@@ -174,6 +214,13 @@ def run_client_bench(
             missing=missing,
         ),
     ]  # fmt: skip
+
+
+def _notes(
+    figures: dict[str, ClientFigures], offered: float, streams: int, interval_ms: float
+) -> list[str]:
+    """What the reader should know about the figures: an offered load other than the target's,
+    a ceiling the server set, requests that did not complete, kernel against read stamps."""
     notes = []
     if not math.isclose(offered, 20_000):
         notes.append(
@@ -189,7 +236,7 @@ def run_client_bench(
             )
         if f.failed:
             notes.append(f"{c}: {f.failed} requests did not complete")
-    read = figures.get("zerowindow-read")
+    ours, theirs, read = (figures.get(c) for c in ("zerowindow", "vllm", "zerowindow-read"))
     if ours is not None and read is not None:
         a, b = ours.itl_err_p99_ms, read.itl_err_p99_ms
         if a is not None and b is not None:
@@ -202,17 +249,4 @@ def run_client_bench(
                 f"against {ours.cpu_us_per_event or math.nan:.2f}. The difference in ITL "
                 "error is the load process's own scheduling"
             )
-    return ClientBench(
-        command=command or client_command(clients, streams, events, paced_events, interval_ms),
-        streams=streams,
-        events=events,
-        paced_events=paced_events,
-        interval_ms=interval_ms,
-        offered_events_per_s=offered,
-        clients=figures,
-        skipped=skipped,
-        ratios=ratios,
-        verdicts=verdicts,
-        machine=machine,
-        notes=notes,
-    )
+    return notes
