@@ -4,7 +4,7 @@ llama-server (negative control: none held; threads and memory grow), each with i
 in the run's own network namespaces with the server's send buffers capped.
 
 `make test` builds both engines first (`make engines`); run alone, these tests skip with the
-reason when an engine or the tiny GGUF model is missing. Each run takes about 20 s (a 12 s
+reason when an engine or the tiny GGUF model is missing. Each run takes about 15 s (a 7 s
 stall, the control arm, start and stop)."""
 
 from __future__ import annotations
@@ -34,10 +34,19 @@ def gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_gguf(folder, folder / "tiny.gguf")
 
 
+# The stalls held as long as each behaviour needs (the shipped scenarios hold 12 s): the
+# victims of llama-cpp-python's held lock arrive 3 s in, not 5, and wait ~5 s instead of 7.
+SHORTER = {"hold_s = 12": "hold_s = 7", "start_after_s = 5": "start_after_s = 3"}
+
+
 def _scenario(name: str, model: Path, tmp_path: Path) -> Path:
-    """The shipped scenario ``name`` with its model path pointed at ``model``."""
+    """The shipped scenario ``name`` with its model path pointed at ``model`` and its stall
+    shortened (:data:`SHORTER`)."""
     text = (SCENARIOS / f"{name}.toml").read_text()
     text = text.replace('model = "models/tiny/tiny.gguf"', f'model = "{model}"')
+    assert "hold_s = 12" in text, name
+    for old, new in SHORTER.items():
+        text = text.replace(old, new)
     path = tmp_path / f"{name}.toml"
     path.write_text(text)
     return path
@@ -82,9 +91,9 @@ def test_llama_cpp_python_holds_the_engine_for_a_stalled_reader(gguf: Path, tmp_
     assert verdict["source"] == "engine_probe"
     assert verdict["requests_held_during_generation"] == 1
     assert verdict["victims"] == 2
-    # The victims arrive 5 s in and wait for the client that stalled 12 s: about 7 s.
+    # The victims arrive 3 s in and wait for the client that stalled 7 s: about 4 s.
     victims = _group(summary, "victims")
-    assert 4000 <= victims["ttft_p50_ms"] <= 10000, victims
+    assert 2500 <= victims["ttft_p50_ms"] <= 7000, victims
     assert victims["outcomes"] == {"complete": 2}
     # The control arm, without the stalled client: the victims are served at once.
     control = json.loads((run_dir / "c1" / "summary.json").read_text())
@@ -95,7 +104,7 @@ def test_llama_cpp_python_holds_the_engine_for_a_stalled_reader(gguf: Path, tmp_
     assert stalled["finish_reason"] == "abort"
     assert len(stalled["send_blocked_at"]) >= 1
     pause = stalled["send_unblocked_at"][-1] - stalled["send_blocked_at"][-1]
-    assert pause > 4.0
+    assert pause > 3.0
     assert stalled["output_tokens"] < 1500  # paused before its end
     assert "HELD" in out and "queued behind them" in out
     report = (run_dir / "r1" / "report.html").read_text()
