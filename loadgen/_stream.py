@@ -142,6 +142,13 @@ class Stream:
         errors. Under gevent the deadline is one ``gevent.Timeout`` for the whole read and the
         socket has no timeout (gevent arms a timer for every blocking ``recv`` of a socket with
         one); elsewhere it is the socket timeout, set again once :data:`TIMEOUT_RESET_S` old.
+
+        The loop receives with the socket's ``recv``, or with kernel arrival stamps
+        (:attr:`arrival`) its ``recvmsg``, whose reads are stamped on arrival until an action
+        fires and when they returned after. Under gevent it calls ``gevent.sleep(0)`` between
+        a short read stamped when it returned (the socket drained) and parsing it: every other
+        stream woken by the same poll takes and stamps its read first, so a burst of events
+        (one per stream per engine step) is stamped before any of it is parsed.
         """
         sock = self.sock
         method = "recv" if self.arrival is None else "recvmsg"  # recvmsg: the kernel's stamp
@@ -165,14 +172,8 @@ class Stream:
         reset_timeout: bool,
         defer: Callable[[float], None] | None,
     ) -> str:
-        """The loop of :meth:`read_loop`, kept whole: it runs once per ``recv``, and a step
-        split out would cost a call per read. ``receive`` is the socket's ``recv``, or with
-        kernel arrival stamps (:attr:`arrival`) its ``recvmsg``, whose reads are stamped on
-        arrival until an action fires and when they returned after. ``defer(0)``, when given,
-        is called between a short read stamped when it returned (the socket drained) and
-        parsing it: under gevent it lets every other stream woken by the same poll take and
-        stamp its read first, so a burst of events (one per stream per engine step) is stamped
-        before any of it is parsed."""
+        """The loop of :meth:`read_loop` (``receive``, ``defer``: see there), kept whole: it
+        runs once per ``recv``, and a step split out would cost a call per read."""
         read = self.spec.read
         bytes_per_read = read.bytes_per_read  # type: ignore[attr-defined]
         acts = self.spec.action is not None
