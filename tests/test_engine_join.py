@@ -10,13 +10,11 @@ import pytest
 from harness._engine_probe import REQUEST_SCHEMA, STEP_SCHEMA
 from harness.analysis._engine import (
     combine_verdicts,
-    engine_aborts,
     engine_server_figures,
-    join_engine,
     kv_held_from_requests,
     probe_problem,
-    stream_of,
 )
+from harness.analysis._engine_join import engine_aborts, join_engine, stream_of
 
 
 def test_stream_of_takes_the_longest_prefix_at_a_dash():
@@ -240,7 +238,8 @@ def test_a_single_context_engine_paused_for_a_stalled_reader_is_held_with_its_vi
     row = joined.set_index("request_id")
     assert row.loc["stalled", "engine_send_blocked_max_ms"] == pytest.approx(8000.0)
     assert row.loc["victim", "engine_send_blocked_max_ms"] == 0.0
-    from harness.analysis._engine import engine_verdict_line, send_blocked_spans
+    from harness.analysis._engine import engine_verdict_line
+    from harness.analysis._engine_join import send_blocked_spans
 
     engine = _frames(clients, [stalled, victim])[2]
     spans = send_blocked_spans(engine, 100)
@@ -269,7 +268,7 @@ def test_a_fast_reader_paced_by_a_slow_send_path_is_not_held():
         "send_unblocked_at": [1.9],
     }
     joined, _ = join_engine(*_frames(clients, [row]))
-    from harness.analysis._engine import send_blocked_spans
+    from harness.analysis._engine_join import send_blocked_spans
 
     spans = send_blocked_spans(_frames(clients, [row])[2], 100)
     verdict = kv_held_from_requests(

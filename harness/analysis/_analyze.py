@@ -17,13 +17,11 @@ import pandas as pd
 
 from harness.analysis._engine import (
     combine_verdicts,
-    engine_aborts,
     engine_server_figures,
-    join_engine,
     kv_held_from_requests,
     probe_problem,
-    send_blocked_spans,
 )
+from harness.analysis._engine_join import engine_aborts, join_engine, send_blocked_spans
 from harness.analysis._leaves import leave_figures
 from harness.analysis._matrix import matrix_cells
 from harness.analysis._proxy import proxy_summary

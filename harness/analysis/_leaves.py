@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness.analysis._engine import received_by
+from harness.analysis._engine_join import received_by
 from harness.analysis._latency import percentile
 
 LEAVE_COLUMNS = [

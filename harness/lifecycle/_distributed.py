@@ -181,6 +181,22 @@ def _start_worker(
     return WorkerProcess(name, argv, start_process(argv, log_path=log, env=env, netns=netns), log)
 
 
+def _master_argv(
+    locustfile: Path, bind_host: str, port: int, expected: int, host: str, users: int,
+    max_duration_s: float, stats: Path,
+) -> list[str]:  # fmt: skip
+    """The command line of a group's Locust master (its options: Locust's ``--help``)."""
+    return [
+        *_locust(), "-f", str(locustfile),
+        "--master", "--master-bind-host", bind_host, "--master-bind-port", str(port),
+        "--expect-workers", str(expected),
+        "--expect-workers-max-wait", str(EXPECT_WORKERS_MAX_WAIT_S),
+        "--headless", "--host", host, "-u", str(users), "-r", str(users),
+        "--run-time", f"{max(1, int(max_duration_s))}s",
+        "--stop-timeout", "5", "--only-summary", "--json-file", str(stats),
+    ]  # fmt: skip
+
+
 def start_distributed_load(
     group: UserGroupConfig,
     *,
@@ -224,18 +240,11 @@ def start_distributed_load(
     locustfile.write_text(locustfile_source(run))
     bind_host, port = master_bind
     port = port or _free_port(bind_host)
-    users = str(group.locust_users(expected))  # open loop: one dispatcher per worker
-    master_argv = [
-        *_locust(), "-f", str(locustfile),
-        "--master", "--master-bind-host", bind_host, "--master-bind-port", str(port),
-        "--expect-workers", str(expected),
-        "--expect-workers-max-wait", str(EXPECT_WORKERS_MAX_WAIT_S),
-        "--headless", "--host", host,
-        "-u", users, "-r", users,
-        "--run-time", f"{max(1, int(max_duration_s))}s",
-        "--stop-timeout", "5", "--only-summary",
-        "--json-file", str(run_dir / f"locust-stats-{group.name}"),
-    ]  # fmt: skip
+    users = group.locust_users(expected)  # open loop: one dispatcher per worker
+    master_argv = _master_argv(
+        locustfile, bind_host, port, expected, host, users, max_duration_s,
+        run_dir / f"locust-stats-{group.name}",
+    )  # fmt: skip
     log_path = run_dir / f"locust-{group.name}.log"
     master = start_process(master_argv, log_path=log_path, netns=netns)
     connect_host = "127.0.0.1" if bind_host in ("*", "0.0.0.0") else bind_host
