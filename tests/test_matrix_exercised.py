@@ -83,12 +83,6 @@ def _cells(summary: RunSummary) -> dict[str, MatrixCell]:
     return {c.cell: c for c in summary.matrix}
 
 
-def _figures(summary: RunSummary) -> dict[str, float | None]:
-    """The run's figures with its cells' own in place of their groups' (what the gates of a
-    matrix read)."""
-    return figures(summary) | {k: v for c in summary.matrix for k, v in c.figures().items()}
-
-
 def test_a_cell_whose_clients_stayed_queued_is_not_exercised(run: RunResult) -> None:
     cell = _cells(run.summary)["decode-fin"]
     assert cell.left == cell.clients == 2
@@ -107,8 +101,8 @@ def test_a_cell_whose_clients_stayed_queued_is_not_exercised(run: RunResult) -> 
 
 def test_its_gates_are_inconclusive_under_the_policy(run: RunResult) -> None:
     gates = parse_scenario(SCENARIO, path=Path("m.toml")).gates
-    warned = evaluate_gates(gates, _figures(run.summary), policy=GatingConfig(inconclusive="warn"))
-    failed = evaluate_gates(gates, _figures(run.summary), policy=GatingConfig(inconclusive="fail"))
+    warned = evaluate_gates(gates, figures(run.summary), policy=GatingConfig(inconclusive="warn"))
+    failed = evaluate_gates(gates, figures(run.summary), policy=GatingConfig(inconclusive="fail"))
     for results, passes in ((warned, True), (failed, False)):
         fin = [g for g in results if g.figure.startswith("decode-fin.")]
         assert [g.verdict for g in fin] == ["inconclusive", "inconclusive"]
@@ -119,6 +113,9 @@ def test_its_gates_are_inconclusive_under_the_policy(run: RunResult) -> None:
         assert [g.verdict for g in rst] == ["pass", "pass"], rst
     assert "passes with a warning" in warned[0].reason
     assert "fails (inconclusive = 'fail')" in failed[0].reason
+    # The run's own gates (gates.json, the exit code) read the same figures.
+    own = [g.verdict for g in run.gates if g.figure.startswith("decode-fin.")]
+    assert own == ["inconclusive", "inconclusive"] and run.exit_code == 0, run.gates
 
 
 def test_decode_clients_behind_a_busy_engine_leave_mid_decode(run: RunResult) -> None:

@@ -15,6 +15,10 @@ Names (units in the name, as in ``summary.json``):
   ``engine_held_victims`` and ``victim_wait_max_ms`` (requests queued behind a held engine,
   and their longest wait to be scheduled) (``None`` when no ``/metrics`` scrape succeeded).
 
+- a disconnect-matrix cell's own figures (``MatrixCell.figures``) in place of its group's of
+  the same names: in a cell whose leavers never reached its phase they are ``None`` and
+  ``<cell>.exercised`` is 0, so that a gate on them is inconclusive, never a vacuous pass.
+
 A figure that was not measured (for example ITL of a group that got no tokens) is ``None``.
 New numeric fields of the summary models become figures without changes here.
 
@@ -152,6 +156,8 @@ def figures(summary: RunSummary) -> dict[str, float | None]:
             out[f"{g.group}.{f}"] = _float(getattr(g, f))
         for o in sorted(set(OUTCOMES) | set(g.outcomes)):
             out[f"{g.group}.outcome.{o}"] = float(g.outcomes.get(o, 0))
+    for cell in summary.matrix:  # a matrix cell's own figures take its group's place
+        out.update(cell.figures())
     return out
 
 
