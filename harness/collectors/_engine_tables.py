@@ -80,6 +80,7 @@ def collect_engine_tables(
         if engine_dir.resolve() == run_dir.resolve():
             compact_dataset(steps_path)
             compact_dataset(requests_path)
+            (engine_dir / FLUSHED_FILE).unlink(missing_ok=True)  # the engine has stopped
             return None
         wait_flushed(engine_dir, time.monotonic() if t_end is None else t_end)
         steps = _read(steps_path, STEP_SCHEMA)
