@@ -1,12 +1,13 @@
-"""Collectors: what the run samples while the load runs: the server's ``/metrics``, its TCP
-sockets (``inet_diag``) and the proxy's memory, buffers and sockets."""
+"""Collectors: what the run samples while the load runs: the server's ``/metrics`` (read by the
+run's target, with its kind's own metric names), its TCP sockets (``inet_diag``) and the
+proxy's memory, buffers and sockets."""
 
 from harness.collectors._collectors import (
     SOCKET_COLUMNS,
+    MetricsReader,
     MetricsScraper,
     Sampler,
     SocketSampler,
-    parse_vllm_metrics,
 )
 from harness.collectors._engine_tables import collect_engine_tables
 from harness.collectors._proxy_probe import (
@@ -19,12 +20,12 @@ from harness.collectors._proxy_probe import (
 __all__ = [
     "procs_rss_bytes",
     "SOCKET_COLUMNS",
+    "MetricsReader",
     "MetricsScraper",
     "ProxyProbe",
     "Sampler",
     "collect_engine_tables",
     "SocketSampler",
     "parse_egress_metrics",
-    "parse_vllm_metrics",
     "tree_rss_bytes",
 ]

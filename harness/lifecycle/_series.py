@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 
 from harness.analysis import PlanRecord
-from harness.collectors import collect_engine_tables, parse_vllm_metrics
+from harness.collectors import collect_engine_tables
 from harness.lifecycle._conclude import conclude
 from harness.lifecycle._distributed import Distribution
 from harness.lifecycle._netrun import start_target
@@ -36,6 +36,7 @@ from harness.lifecycle._runinfo import host_facts, versions
 from harness.lifecycle._signals import RunInterrupted, signals_raise
 from harness.runfolder import PLAN_JSON, keep_plugins, write_json
 from harness.scenario import NamedProxyConfig, Plan, RunEntry, Scenario
+from harness.servers import Target, UrlTargetConfig, make_target
 from loadgen import RequestSpec, build_prompt, prompt_seed, stream_request
 from zwcore import NetworkError, TargetError
 
@@ -110,24 +111,27 @@ class Series:
         return outcome
 
 
-def wait_idle(base_url: str, *, timeout_s: float = IDLE_TIMEOUT_S) -> float | None:
-    """Wait until ``{base_url}/metrics`` reports no running and no waiting request; return how
-    long that took (s), or ``None`` if it did not happen within ``timeout_s`` or the server
-    does not report those gauges (then it returns at once: there is nothing to wait for)."""
+def wait_idle(target: Target | str, *, timeout_s: float = IDLE_TIMEOUT_S) -> float | None:
+    """Wait until the engine of ``target`` is idle by its kind's test (:meth:`Target.idle`: no
+    request running and none waiting, read from its ``/metrics`` by its own metric names); a
+    base URL alone is a server of unknown kind, tested as a ``url`` target is (by every
+    registered kind's names). Return how long that took (s), or ``None`` if it did not happen
+    within ``timeout_s`` or the server does not report a running gauge (then it returns at
+    once: there is nothing to wait for). A ``/metrics`` that does not answer is asked again
+    every 0.25 s."""
+    if isinstance(target, str):
+        target = make_target(UrlTargetConfig(kind="url", url=target, served_model_name=""))
     t0 = time.monotonic()
     with httpx.Client(timeout=5.0) as client:
         while time.monotonic() - t0 < timeout_s:
             try:
-                response = client.get(f"{base_url}/metrics")
-                response.raise_for_status()
-                figures = parse_vllm_metrics(response.text)
+                idle = target.idle(client)
             except (httpx.HTTPError, ValueError):
                 time.sleep(0.25)
                 continue
-            if "num_requests_running" not in figures:
+            if idle is None:
                 return None
-            busy = figures["num_requests_running"] + figures.get("num_requests_waiting", 0)
-            if busy == 0:
+            if idle:
                 return time.monotonic() - t0
             time.sleep(0.25)
     return None

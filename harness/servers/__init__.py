@@ -5,7 +5,9 @@ probe wrapper), ``llama-server`` (llama.cpp's C++ server), ``sim`` (the built-in
 emulator), ``url`` (a server already running). Proxies: ``none``, ``nginx``, ``haproxy``,
 ``envoy``, ``egress`` (the toolkit's decoupled egress buffer). Each kind's module holds its
 options (a config model registered with :data:`TARGETS` or :data:`PROXIES`), its server class
-and nothing else; ``docs/extending.md`` says how to add one.
+and nothing else: a target kind declares its metric names (:class:`MetricNames`), whether it
+writes the engine tables, its versions and its idle test; a proxy kind, how the proxy
+benchmark configures it. ``docs/extending.md`` says how to add one.
 """
 
 from importlib import import_module
@@ -34,6 +36,7 @@ from harness.servers._base import (
     Target,
     TargetConfig,
     TargetConfigBase,
+    known_metric_names,
     make_proxy,
     make_target,
 )
@@ -46,17 +49,33 @@ from harness.servers._egress import EgressProxyConfig
 from harness.servers._envoy import EnvoyProxyConfig
 from harness.servers._haproxy import HaproxyProxyConfig
 from harness.servers._health import free_port, wait_healthy
+from harness.servers._launched import LaunchedTarget
 from harness.servers._llama_server import LlamaServerTargetConfig
 from harness.servers._llamacpp_python import LlamaCppPythonTargetConfig
+from harness.servers._metric_names import (
+    HISTOGRAM_FIGURES,
+    SCALAR_FIGURES,
+    MetricNames,
+    read_figures,
+)
 from harness.servers._nginx import NGINX_PRESETS, NginxProxyConfig, render_nginx_conf
 from harness.servers._none import NoProxyConfig
 from harness.servers._process import ServerProcess, start_process, stop_process_group
 from harness.servers._readiness import READINESS, Readiness
 from harness.servers._sim import SimTargetConfig
 from harness.servers._url import UrlTargetConfig
-from harness.servers._vllm import VllmTargetConfig
+from harness.servers._versions import package_version
+from harness.servers._vllm import VLLM_METRICS, VllmTargetConfig
 
 __all__ = [
+    "HISTOGRAM_FIGURES",
+    "LaunchedTarget",
+    "MetricNames",
+    "SCALAR_FIGURES",
+    "VLLM_METRICS",
+    "known_metric_names",
+    "package_version",
+    "read_figures",
     "make_tiny_model",
     "write_gguf",
     "GGUF_NAME",

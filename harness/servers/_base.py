@@ -12,9 +12,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
+import httpx
 from pydantic import BaseModel, ConfigDict
 
 from harness._engine_probe import STATUS_FILE, read_status
+from harness.servers._metric_names import (
+    HISTOGRAM_FIGURES,
+    SCALAR_FIGURES,
+    MetricNames,
+    read_figures,
+)
 from harness.servers._process import ServerProcess
 from zwcore import Registry
 
@@ -61,8 +68,10 @@ class Server:
 
 class Target(Server):
     """The server under test. ``base_url`` is where it answers, ``served_model_name`` the
-    model name requests carry."""
+    model name requests carry, ``config`` the options it was built from (its kind: what the
+    kind declares there, :class:`TargetConfigBase`, holds for it)."""
 
+    config: TargetConfigBase
     base_url: str
     served_model_name: str
     engine_dir: Path | None = None
@@ -77,6 +86,41 @@ class Target(Server):
         """Start (or reach) the server; return when it is ready. Raises
         :class:`~zwcore.TargetError`."""
         raise NotImplementedError
+
+    def metric_names(self) -> tuple[MetricNames, ...]:
+        """The names its ``/metrics`` is read by: its kind's (``config.metric_names``; none
+        when the kind declares none)."""
+        names = self.config.metric_names
+        return () if names is None else (names,)
+
+    def read_metrics(self, text: str) -> dict[str, float]:
+        """The figures of a ``/metrics`` answer of this target, by :meth:`metric_names`
+        (:func:`~harness.servers._metric_names.read_figures`). Raises ``ValueError`` for text
+        that is not a Prometheus exposition."""
+        return read_figures(text, self.metric_names())
+
+    def expected_figures(self) -> list[str]:
+        """The figures a run looks for in every target's ``/metrics`` (``kv_cache_usage``...,
+        ``<histogram>_count``): one the target never gave is reported missing."""
+        return [*SCALAR_FIGURES, *(f"{h}_count" for h in HISTOGRAM_FIGURES)]
+
+    def versions(self) -> dict[str, str | None]:
+        """Versions of the engine this target runs, by package or program name, for
+        ``run.json``'s ``versions`` beside the toolkit's (``None``: not found). Default: none
+        known (a server the run does not start)."""
+        return {}
+
+    def idle(self, client: httpx.Client) -> bool | None:
+        """Whether the engine has no request running and none waiting, by one ``GET
+        {base_url}/metrics`` read with its own names through ``client``; ``None`` when it
+        reports no running gauge (nothing to wait for). Raises ``httpx.HTTPError`` when
+        ``/metrics`` does not answer 2xx, ``ValueError`` when the answer is no exposition."""
+        response = client.get(f"{self.base_url}/metrics")
+        response.raise_for_status()
+        figures = self.read_metrics(response.text)
+        if "num_requests_running" not in figures:
+            return None
+        return figures["num_requests_running"] + figures.get("num_requests_waiting", 0.0) == 0
 
     def engine_probe(self) -> dict[str, Any]:
         """``run.json``'s ``engine_probe``: the engine's ``engine_probe.json`` in
@@ -113,11 +157,21 @@ class Proxy(Server):
 
 
 class TargetConfigBase(StrictOptions):
-    """Options of a target kind. Subclasses define ``kind: Literal["name"] = "name"`` and
-    ``served_model_name``, and :meth:`build`."""
+    """Options of a target kind, and what the kind declares. Subclasses define
+    ``kind: Literal["name"] = "name"``, ``served_model_name`` and :meth:`build`, and declare
+    :attr:`metric_names` and :attr:`writes_tables`; the target :meth:`build` returns holds the
+    rest of the kind's facts (:meth:`Target.versions`, :meth:`Target.idle`)."""
 
     kind: str
     served_model_name: str
+    metric_names: ClassVar[MetricNames | None] = None
+    """The Prometheus names this kind's server serves its figures under (``None``: it serves
+    none); the run reads the target's ``/metrics`` by them, and a ``url`` target by those of
+    every registered kind (:func:`known_metric_names`)."""
+    writes_tables: ClassVar[bool] = False
+    """Whether this kind's engine writes the engine tables (``engine_steps.parquet``,
+    ``engine_requests.parquet``, ``engine_probe.json``) into ``$ZEROWINDOW_ENGINE_DIR`` (the
+    emulator, vLLM with the engine probe, llama-cpp-python's probe wrapper)."""
 
     def build(self) -> Target:
         """The target these options describe (not started)."""
@@ -134,13 +188,22 @@ class TargetConfigBase(StrictOptions):
 
 class ProxyConfigBase(StrictOptions):
     """Options of a proxy kind. Subclasses define ``kind: Literal["name"] = "name"`` and
-    :meth:`build`."""
+    :meth:`build`, and a kind the proxy benchmark can measure, :meth:`for_bench`."""
 
     kind: str
 
     def build(self) -> Proxy:
         """The proxy these options describe (not started)."""
         raise NotImplementedError
+
+    @classmethod
+    def for_bench(cls, *, client_sndbuf_bytes: int) -> dict[str, ProxyConfigBase]:
+        """The configurations ``zerowindow bench proxy`` measures this kind in, by the name its
+        table gives each (a kind may give several, e.g. ``haproxy`` and ``haproxy-nodelay``):
+        the kind's defaults but for a kernel send buffer toward clients of
+        ``client_sndbuf_bytes`` bytes and a write-stall cut of about 3 s where the kind has
+        one. ``{}`` (the default): the kind is not benchmarkable."""
+        return {}
 
 
 TARGETS: Registry[TargetConfigBase] = Registry("target")
@@ -152,6 +215,18 @@ TargetConfig = Annotated[TargetConfigBase, TARGETS.validator, TARGETS.serializer
 """A scenario field holding any registered target config, chosen by its ``kind``."""
 ProxyConfig = Annotated[ProxyConfigBase, PROXIES.validator, PROXIES.serializer]
 """A scenario field holding any registered proxy config, chosen by its ``kind``."""
+
+
+def known_metric_names() -> tuple[MetricNames, ...]:
+    """The metric names of every registered target kind, each once, in the order of their
+    kinds: how a server of unknown kind (a ``url`` target) is read. A kind registered later
+    (a plugin) counts from then on."""
+    out: list[MetricNames] = []
+    for model in TARGETS.models():
+        names = model.metric_names
+        if names is not None and names not in out:
+            out.append(names)
+    return tuple(out)
 
 
 def make_target(config: TargetConfigBase) -> Target:

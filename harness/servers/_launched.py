@@ -18,13 +18,16 @@ class LaunchedTarget(Target):
     """A server started for the run as a child process group, with its log in the run folder.
 
     Subclasses give :meth:`build_argv`, ``log_name``, ``label`` and the log lines that mean the
-    engine died (``DEAD_MARKERS``).
+    engine died (``DEAD_MARKERS``). ``config`` must have ``host``, ``port`` (0: a free port),
+    ``startup_timeout_s`` and ``stop_grace_s``, and may have ``env`` (variables added to the
+    server's); its kind's ``writes_tables`` says whether the engine writes its tables.
     """
 
     kind: ClassVar[str]
     label: ClassVar[str]
     log_name: ClassVar[str]
     DEAD_MARKERS: ClassVar[tuple[str, ...]] = ()
+    config: Any  # a kind's options with the fields above; each subclass names its model
 
     def __init__(self, config: Any) -> None:
         self.config = config
@@ -36,7 +39,10 @@ class LaunchedTarget(Target):
         self.argv: list[str] = []
         self._log_offset = 0
         self._dead: str | None = None
-        self.probe_requested = "on"  # the engine writes its own tables (a subclass may differ)
+        self.probe_loaded: bool = config.writes_tables
+        """Whether the engine's table writer is loaded: the kind's ``writes_tables``, unless
+        this target's options turn it off (vLLM's ``engine_probe = "off"``)."""
+        self.probe_requested = "on" if config.writes_tables else "off"
         self.probe_note = "not started"
 
     def build_argv(self) -> list[str]:
@@ -55,7 +61,7 @@ class LaunchedTarget(Target):
         """Launch the server with :meth:`launch_env` and ``ZEROWINDOW_ENGINE_DIR`` set to the
         run folder (absolute), where an engine that writes its own tables (the emulator, vLLM
         with the engine probe) puts them; the run folder wins over a configured value. Once it
-        answers, ``engine_dir`` is the run folder if :attr:`writes_tables`."""
+        answers, ``engine_dir`` is the run folder if :attr:`probe_loaded`."""
         self.argv = self.build_argv()
         self.log_path = run_dir / self.log_name
         env = {**self.launch_env(), ENGINE_DIR_ENV: str(run_dir.resolve())}
@@ -70,12 +76,7 @@ class LaunchedTarget(Target):
             )
         except TargetError as exc:
             raise TargetError(f"{exc}{self._last_error()}; see {self.log_path}") from None
-        self.engine_dir = run_dir if self.writes_tables else None
-
-    @property
-    def writes_tables(self) -> bool:
-        """Whether this engine writes its own tables (a subclass may say no)."""
-        return True
+        self.engine_dir = run_dir if self.probe_loaded else None
 
     def _last_error(self) -> str:
         """The last exception line of the log (``ValueError: ...``), prefixed for a message."""

@@ -4,6 +4,8 @@ threads and RSS instead (``harness.collectors.MetricsScraper``)."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -14,11 +16,21 @@ from harness.servers._health import TargetError
 from harness.servers._launched import LaunchedTarget
 from harness.servers._llama_build import find_llama_server
 from harness.servers._llamacpp_python import require_gguf
+from harness.servers._metric_names import MetricNames
 
 BUILD_HINT = (
     "build it with `make engines` or `zerowindow engine build llama-server` (about 11 min on "
     "2 CPUs, cached), or name a binary in target.binary or $ZEROWINDOW_LLAMA_SERVER"
 )
+LLAMA_SERVER_METRICS = MetricNames(
+    num_requests_running=("llamacpp:requests_processing",),
+    num_requests_waiting=("llamacpp:requests_deferred",),
+    generation_tokens_total=("llamacpp:tokens_predicted_total",),
+)
+"""llama-server's metric names with ``--metrics`` (tools/server/server-context.cpp of llama.cpp):
+no KV usage (``GET /slots`` gives one, :attr:`LlamaServerTarget.serves_slots`), no preemptions,
+no finish reasons, no latency histograms."""
+VERSION_TIMEOUT_S = 15.0
 
 
 @TARGETS.register
@@ -32,6 +44,9 @@ class LlamaServerTargetConfig(TargetConfigBase):
     tokens; ``threads_http`` HTTP worker threads (``None``: the server's default); ``timeout_s``
     the server's read/write timeout (s). ``extra_args`` are passed as they are.
     """
+
+    metric_names: ClassVar[MetricNames | None] = LLAMA_SERVER_METRICS
+    writes_tables: ClassVar[bool] = False  # a C++ server: no probe loads into it
 
     kind: Literal["llama-server"] = "llama-server"
     model: str = "models/tiny/tiny.gguf"
@@ -65,15 +80,10 @@ class LlamaServerTarget(LaunchedTarget):
 
     def __init__(self, config: LlamaServerTargetConfig) -> None:
         super().__init__(config)
-        self.probe_requested = "off"
         self.probe_note = (
             "llama-server: no probe can load into a C++ server; its evidence is sampled from "
             "/metrics, /slots and its process (threads, RSS)"
         )
-
-    @property
-    def writes_tables(self) -> bool:
-        return False
 
     def binary(self) -> Path:
         """The executable to run. Raises :class:`~zwcore.TargetError` when there is none."""
@@ -89,6 +99,30 @@ class LlamaServerTarget(LaunchedTarget):
         if found is None:
             raise TargetError(f"no llama-server binary found; {BUILD_HINT}")
         return found
+
+    def versions(self) -> dict[str, str | None]:
+        """``llama-server``: the version line of the binary (``version: 0.5.0-dev (build 0,
+        commit unknown)`` says ``0.5.0-dev (build 0, commit unknown)``), from the
+        ``build.json`` beside a toolkit build (``harness.servers.build_llama_server``, which
+        also names the llama-cpp-python sdist it vendors llama.cpp from) or else from
+        ``llama-server --version``; ``None`` when there is no binary or it does not say."""
+        try:
+            binary = self.binary()
+        except TargetError:
+            return {"llama-server": None}
+        record = binary.parent.parent / "build.json"
+        try:
+            facts = json.loads(record.read_text())
+            lines = [str(line) for line in facts["llama_server_version"]]
+            sdist = str(facts["llama_cpp_python_version"])
+        except (OSError, ValueError, KeyError, TypeError):
+            lines, sdist = _version_lines(binary), None
+        said = [ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("version:")]
+        found = said[0] if said else None
+        out: dict[str, str | None] = {"llama-server": found}
+        if sdist is not None:
+            out["llama-server-source"] = f"llama-cpp-python {sdist} sdist (vendor/llama.cpp)"
+        return out
 
     def start(self, run_dir: Path) -> None:
         """Start the server; a missing GGUF file or binary fails first with what to do.
@@ -114,3 +148,15 @@ class LlamaServerTarget(LaunchedTarget):
         if c.threads_http is not None:
             argv += ["--threads-http", str(c.threads_http)]
         return argv + list(c.extra_args)
+
+
+def _version_lines(binary: Path) -> list[str]:
+    """What ``binary --version`` prints (llama.cpp prints it on stderr), or ``[]``."""
+    try:
+        done = subprocess.run(
+            [str(binary), "--version"], capture_output=True, text=True,
+            timeout=VERSION_TIMEOUT_S, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in (done.stdout + done.stderr).splitlines()]

@@ -14,12 +14,24 @@ from pydantic import Field
 from harness.servers._base import TARGETS, Target, TargetConfigBase
 from harness.servers._health import TargetError
 from harness.servers._launched import LaunchedTarget
+from harness.servers._metric_names import MetricNames
+from harness.servers._versions import package_version
 
 INSTALL_HINT = (
     "install it with `make engines` (or `pip install 'llama-cpp-python[server]==0.3.36'`; "
     "it compiles llama.cpp, about 5 min on 2 CPUs)"
 )
 GGUF_HINT = "`zerowindow model tiny models/tiny --format gguf` makes the tiny test model"
+LLAMACPP_PYTHON_METRICS = MetricNames(
+    kv_cache_usage=("llamacpp_python:context_usage_perc",),
+    num_requests_running=("llamacpp_python:requests_running",),
+    num_requests_waiting=("llamacpp_python:requests_waiting",),
+    generation_tokens_total=("llamacpp_python:generation_tokens_total",),
+)
+"""The names the probe wrapper serves (harness/_engine_probe/_llamacpp_python.py; the server
+itself serves no metrics): the one context's usage (1 while a request holds the model lock),
+requests holding and waiting for the lock, tokens generated. The wrapper's
+``llamacpp_python:request_success_total`` is not read (the run never has)."""
 
 
 @TARGETS.register
@@ -32,6 +44,9 @@ class LlamaCppPythonTargetConfig(TargetConfigBase):
     request stops early when another request waits, between two of its tokens).
     ``extra_args`` are passed as they are, e.g. ``["--n_batch", "64"]``.
     """
+
+    metric_names: ClassVar[MetricNames | None] = LLAMACPP_PYTHON_METRICS
+    writes_tables: ClassVar[bool] = True  # the probe wrapper
 
     kind: Literal["llama-cpp-python"] = "llama-cpp-python"
     model: str = "models/tiny/tiny.gguf"
@@ -70,6 +85,11 @@ class LlamaCppPythonTarget(LaunchedTarget):
             python = self.config.python or sys.executable
             raise TargetError(f"llama-cpp-python is not installed in {python}; {INSTALL_HINT}")
         super().start(run_dir)
+
+    def versions(self) -> dict[str, str | None]:
+        """llama-cpp-python's, in the interpreter that runs the server (``python``, default:
+        this one)."""
+        return {"llama-cpp-python": package_version("llama-cpp-python", python=self.config.python)}
 
     def build_argv(self) -> list[str]:
         c = self.config

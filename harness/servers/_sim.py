@@ -10,6 +10,9 @@ from pydantic import Field
 from harness._sim import SimConfig
 from harness.servers._base import TARGETS, Target, TargetConfigBase
 from harness.servers._launched import LaunchedTarget
+from harness.servers._metric_names import MetricNames
+from harness.servers._versions import package_version
+from harness.servers._vllm import VLLM_METRICS
 
 
 @TARGETS.register
@@ -17,6 +20,9 @@ class SimTargetConfig(TargetConfigBase):
     """Start the built-in engine emulator for the run. ``engine`` holds its settings
     (``kv_release``, ``num_blocks``, ``block_size``, step-time model...; see
     ``harness._sim.SimConfig``)."""
+
+    metric_names: ClassVar[MetricNames | None] = VLLM_METRICS  # harness/_sim/_metrics.py
+    writes_tables: ClassVar[bool] = True
 
     kind: Literal["sim"] = "sim"
     served_model_name: str = "sim"
@@ -44,6 +50,10 @@ class SimTarget(LaunchedTarget):
     label: ClassVar[str] = "sim"
     log_name: ClassVar[str] = "sim.log"
     config: SimTargetConfig
+
+    def versions(self) -> dict[str, str | None]:
+        """The emulator's: the toolkit's own version (it ships with it)."""
+        return {"sim": package_version("zerowindow")}
 
     def build_argv(self) -> list[str]:
         argv = [sys.executable, "-m", "harness._sim", "--host", self.config.host]

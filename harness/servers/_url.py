@@ -9,8 +9,9 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator
 
 from harness._engine_probe import STATUS_FILE, read_status
-from harness.servers._base import TARGETS, Target, TargetConfigBase
+from harness.servers._base import TARGETS, Target, TargetConfigBase, known_metric_names
 from harness.servers._health import TargetError
+from harness.servers._metric_names import MetricNames
 from harness.servers._readiness import AutoReadiness, ReadinessConfig, wait_ready
 
 
@@ -18,7 +19,8 @@ from harness.servers._readiness import AutoReadiness, ReadinessConfig, wait_read
 class UrlTargetConfig(TargetConfigBase):
     """Attach to a server that is already running at ``url`` (scheme, host, port), once it is
     ready by ``readiness`` (``harness.servers._readiness``: ``auto``, ``http``, ``completion``,
-    ``none``) within ``startup_timeout_s``."""
+    ``none``) within ``startup_timeout_s``. Its ``/metrics`` is read by the names of every
+    registered target kind (the kind of that server is not known)."""
 
     kind: Literal["url"] = "url"
     url: str
@@ -59,6 +61,7 @@ class UrlTarget(Target):
     """A server that is already running; the run neither starts nor stops it."""
 
     kind: ClassVar[str] = "url"
+    config: UrlTargetConfig
 
     def __init__(self, config: UrlTargetConfig) -> None:
         self.config = config
@@ -66,6 +69,11 @@ class UrlTarget(Target):
         self.served_model_name = config.served_model_name
         self.engine_dir = Path(config.engine_dir) if config.engine_dir else None
         self.readiness_result: str | None = None  # what answered, once started
+
+    def metric_names(self) -> tuple[MetricNames, ...]:
+        """Those of every registered target kind (:func:`known_metric_names`): the server may
+        be any engine, one a plugin registered included."""
+        return known_metric_names()
 
     def engine_probe(self) -> dict[str, Any]:
         facts = super().engine_probe()

