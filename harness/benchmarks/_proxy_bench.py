@@ -17,29 +17,28 @@ its group, ``taskset -a``). For each proxy:
   ``stalled_kib`` KiB that the upstream writes at once; the proxy's resident memory (RSS of
   its process group) grown per stalled stream, 1 s after the requests were sent.
 
-The proxies run with their defaults except: every proxy's kernel send buffer toward clients
-is 32 KiB (the egress buffer's default), nginx is the ``buffered-reset`` preset, HAProxy has
-``timeout client 3s`` and ``option nolinger`` (``haproxy-nodelay``: also
+The proxies measured are every configuration a registered proxy kind declares
+(:meth:`~harness.servers.ProxyConfigBase.for_bench`; a kind that declares none is not
+benchmarkable), each with its defaults except: every proxy's kernel send buffer toward clients
+is 32 KiB (the egress buffer's default) and a write-stall cut of about 3 s where the kind has
+one. The built-in kinds' (each kind's ``for_bench`` says): nginx is the ``buffered-reset``
+preset, HAProxy has ``timeout client 3s`` and ``option nolinger`` (``haproxy-nodelay``: also
 ``option http-no-delay``), Envoy a 3 s stream idle timeout, and the egress buffer pauses
 reading the upstream when a stream's 256 KiB are full instead of cutting the client (the
-saturation phase's upstream outruns even a reader that keeps up).
+saturation phase's upstream outruns even a reader that keeps up). The phases themselves are in
+:mod:`harness.benchmarks._proxy_phases`.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import psutil
 
 from harness.benchmarks._common import (
@@ -49,81 +48,54 @@ from harness.benchmarks._common import (
     Verdict,
     check,
     finite,
-    module_argv,
-    pin_argv,
     placement,
-    proc_cpu_s,
     raise_nofile,
     ratio,
 )
-from harness.benchmarks._upstream import read_streams
-from harness.collectors import procs_rss_bytes
-from harness.servers import (
-    EgressProxyConfig,
-    EnvoyProxyConfig,
-    HaproxyProxyConfig,
-    NginxProxyConfig,
-    NoProxyConfig,
-    Proxy,
-    ProxyConfigBase,
-    make_proxy,
+from harness.benchmarks._proxy_phases import (
+    ProxyWorkload,
+    group_processes,
+    latency_trial,
+    pin,
+    saturation,
+    stalled_memory,
+    start_upstream,
 )
+from harness.servers import PROXIES, Proxy, ProxyConfigBase, make_proxy
 from zwcore import ZerowindowError
 
 SNDBUF = 32 * 1024
-PROXY_NAMES = ("none", "egress", "nginx", "haproxy", "haproxy-nodelay", "envoy")
+"""The kernel send buffer toward clients of every proxy measured (bytes)."""
+BASELINE = "none"
+"""The configuration measured first, whose latency the others' added latency is taken from."""
 # The targets for the egress buffer, against nginx measured in the same run.
 TARGET_CPU_RATIO = 0.7  # egress events per CPU-second >= 0.7x nginx's
 
 
 def bench_configs() -> dict[str, ProxyConfigBase]:
-    """The proxy configurations the benchmark compares, by name."""
-    return {
-        "none": NoProxyConfig(),
-        # pause, not cut, on overflow: under the saturation phase the upstream outruns even a
-        # reader that keeps up, and a cut would end the healthy streams being measured
-        "egress": EgressProxyConfig(kind="egress", overflow="pause"),
-        "nginx": NginxProxyConfig(
-            kind="nginx", preset="buffered-reset", client_sndbuf_bytes=SNDBUF
-        ),
-        "haproxy": HaproxyProxyConfig(
-            kind="haproxy", timeout_client_s=3, nolinger=True, client_sndbuf_bytes=SNDBUF
-        ),
-        "haproxy-nodelay": HaproxyProxyConfig(
-            kind="haproxy",
-            timeout_client_s=3,
-            nolinger=True,
-            http_no_delay=True,
-            client_sndbuf_bytes=SNDBUF,
-        ),  # fmt: skip
-        "envoy": EnvoyProxyConfig(
-            kind="envoy", stream_idle_timeout_s=3, client_sndbuf_bytes=SNDBUF
-        ),
-    }
+    """The proxy configurations the benchmark can measure, by name: every configuration of
+    every registered proxy kind that declares itself benchmarkable
+    (:meth:`~harness.servers.ProxyConfigBase.for_bench`, with a :data:`SNDBUF` send buffer),
+    :data:`BASELINE` first, then by kind. Raises :class:`BenchError` when two kinds give one
+    name, or none gives :data:`BASELINE`."""
+    configs: dict[str, ProxyConfigBase] = {}
+    for model in PROXIES.models():
+        for name, config in model.for_bench(client_sndbuf_bytes=SNDBUF).items():
+            if name in configs:
+                raise BenchError(
+                    f"proxy bench configuration {name!r} is given by both proxy kinds "
+                    f"{configs[name].kind!r} and {config.kind!r}"
+                )
+            configs[name] = config
+    if BASELINE not in configs:
+        raise BenchError(f"no proxy kind gives the bench's baseline configuration {BASELINE!r}")
+    return {BASELINE: configs.pop(BASELINE), **configs}
 
 
-@dataclass
-class ProxyWorkload:
-    """The sizes of one proxy benchmark (defaults: the figures of bench/RESULTS.md)."""
-
-    streams: int = 64
-    rate: float = 50.0  # events/s per paced stream
-    duration_s: float = 10.0  # of each paced trial
-    repeats: int = 3  # latency trials per proxy
-    flood_events: int = 5000  # per stream in the saturation phase
-    event_bytes: int = 200
-    stalled: int = 200
-    stalled_kib: int = 128
-
-    def check(self) -> None:
-        """Raises :class:`BenchError` when a size cannot make a measurement."""
-        not_positive = [k for k, v in vars(self).items() if v <= 0]
-        if not_positive:
-            raise BenchError(f"must be positive: {', '.join(sorted(not_positive))}")
-        if self.event_bytes < 48:
-            raise BenchError("event bytes: at least 48 (the stamp and the SSE framing)")
-        if self.rate * self.duration_s < 2:
-            raise BenchError("rate x duration: at least 2 events per paced stream")
+PROXY_NAMES: tuple[str, ...] = tuple(bench_configs())
+"""The names of :func:`bench_configs` when this module was first imported (the built-in kinds
+and any registered before): the command line's choices. :func:`run_proxy_bench` takes those of
+the kinds registered when it is called."""
 
 
 @dataclass
@@ -183,121 +155,6 @@ def missing_reason(name: str, config: ProxyConfigBase) -> str | None:
     return f"{binary!r} is not on PATH" + (f" ({hint})" if hint else "")
 
 
-def _group(proxy: Proxy) -> list[psutil.Process]:
-    """Every process of the proxy's process groups."""
-    pgids = set()
-    for server in proxy.processes():
-        if server.proc is not None:
-            try:
-                pgids.add(os.getpgid(server.proc.pid))
-            except ProcessLookupError:
-                pass
-    out = []
-    for p in psutil.process_iter():
-        try:
-            if os.getpgid(p.pid) in pgids:
-                out.append(p)
-        except (psutil.Error, ProcessLookupError):
-            pass
-    return out
-
-
-def _cpu_s(procs: list[psutil.Process]) -> float:
-    """CPU seconds used so far by ``procs`` (a process that is gone counts 0)."""
-    return sum(c for c in (proc_cpu_s(p.pid) for p in procs) if not math.isnan(c))
-
-
-def _pin(procs: list[psutil.Process], cpu: int | None) -> None:
-    if cpu is not None and shutil.which("taskset"):
-        for p in procs:
-            subprocess.run(["taskset", "-a", "-p", "-c", str(cpu), str(p.pid)],
-                           capture_output=True)  # fmt: skip
-
-
-def _latency_trial(port: int, w: ProxyWorkload) -> tuple[float, float, int]:
-    """(p50, p99) in ms of one paced trial through ``port``, and the events lost."""
-    events = int(w.rate * w.duration_s)
-    warmup = min(int(w.rate), events // 2)  # each stream's first second, or its first half
-    q = f"mode=paced&rate={w.rate:g}&events={events}&bytes={w.event_bytes}"
-    decs = read_streams(port, w.streams, q, stamps=True)
-    lost = w.streams * events - (sum(d.events for d in decs) - w.streams)  # without [DONE]s
-    lat = np.concatenate([np.array(d.latencies[warmup:], dtype=float) for d in decs]) / 1e6
-    if not lat.size:
-        return float("nan"), float("nan"), lost
-    return float(np.percentile(lat, 50)), float(np.percentile(lat, 99)), lost
-
-
-def _saturation(
-    port: int, procs: list[psutil.Process], load: list[psutil.Process], w: ProxyWorkload
-) -> tuple[float, float, float, float, float, int]:
-    """(events/s, proxy CPU µs per event, events per proxy CPU-second, proxy CPU utilisation,
-    load-side CPU utilisation, events lost) of one flood through ``port``."""
-    q = f"mode=flood&events={w.flood_events}&bytes={w.event_bytes}"
-    cpu0, load0, t0 = _cpu_s(procs), _cpu_s(load), time.monotonic()
-    decs = read_streams(port, w.streams, q, stamps=False)
-    wall, cpu = time.monotonic() - t0, _cpu_s(procs) - cpu0
-    load_util = (_cpu_s(load) - load0) / wall
-    got = sum(d.events for d in decs) - w.streams
-    lost = w.streams * w.flood_events - got
-    per_event = cpu / got * 1e6 if got else float("nan")
-    per_cpu_s = got / cpu if cpu > 0 else float("nan")
-    return got / wall, per_event, per_cpu_s, cpu / wall, load_util, lost
-
-
-def _stalled(port: int, procs: list[psutil.Process], w: ProxyWorkload) -> tuple[float, int]:
-    """RSS grown per stalled stream, and how many were already cut when it was measured."""
-    n_events = w.stalled_kib * 1024 // w.event_bytes
-    before = procs_rss_bytes(procs)
-    socks = []
-    request = (
-        f"GET /stream?mode=hold&events={n_events}&bytes={w.event_bytes} HTTP/1.1\r\n"
-        "Host: bench\r\n\r\n"
-    ).encode()
-    try:
-        for _ in range(w.stalled):
-            s = socket.socket()
-            socks.append(s)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            s.connect(("127.0.0.1", port))
-            s.sendall(request)
-        time.sleep(1.0)
-        grown = procs_rss_bytes(procs) - before
-        cut = 0
-        for s in socks:
-            s.setblocking(False)
-            try:
-                if s.recv(1, socket.MSG_PEEK) == b"":
-                    cut += 1
-            except BlockingIOError:
-                pass
-            except OSError:
-                cut += 1
-    finally:
-        for s in socks:
-            s.close()
-    time.sleep(0.5)
-    return grown / w.stalled / 1024, cut
-
-
-def _start_upstream(children: Children, cpu: int | None) -> tuple[int, psutil.Process]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    argv = [*pin_argv(cpu), *module_argv("harness.benchmarks._upstream", "--port", str(port))]
-    proc = children.start(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-    deadline = time.monotonic() + 15
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return port, psutil.Process(proc.pid)
-        except OSError:
-            if proc.poll() is not None:
-                raise BenchError(f"the bench upstream exited with code {proc.returncode}") from None
-            if time.monotonic() > deadline:
-                raise BenchError("the bench upstream did not listen within 15 s") from None
-            time.sleep(0.1)
-
-
 def _measure(
     names: list[str], upstream_port: int, load: list[psutil.Process], w: ProxyWorkload,
     proxy_cpu: int | None, skipped: dict[str, str], say: Callable[[str], None],
@@ -317,12 +174,12 @@ def _measure(
                 try:
                     url = proxy.start(Path(tmp) / name, f"http://127.0.0.1:{upstream_port}")
                 except ZerowindowError as exc:
-                    if name == "none":
+                    if name == BASELINE:
                         raise
                     skipped[name] = f"did not start: {str(exc).splitlines()[0]}"
                     continue
-                procs = _group(proxy)
-                _pin(procs, proxy_cpu)
+                procs = group_processes(proxy)
+                pin(procs, proxy_cpu)
                 started[name] = (proxy, int(url.rsplit(":", 1)[1]), procs)
             running = [n for n in names if n not in skipped]
             say(f"latency: {w.repeats} x {w.duration_s:g} s through each of {', '.join(running)}")
@@ -330,11 +187,11 @@ def _measure(
             for _ in range(w.repeats):
                 for name in running:
                     try:
-                        trials[name].append(_latency_trial(started[name][1], w))
+                        trials[name].append(latency_trial(started[name][1], w))
                     except OSError as exc:  # refused, reset, or answered other than 200
                         raise BenchError(f"{name}: the paced streams failed: {exc}") from None
-            base_p50 = min(t[0] for t in trials["none"])
-            base_p99 = min(t[1] for t in trials["none"])
+            base_p50 = min(t[0] for t in trials[BASELINE])
+            base_p99 = min(t[1] for t in trials[BASELINE])
             results = {}
             for name in running:
                 _, port, procs = started[name]
@@ -345,18 +202,18 @@ def _measure(
                 # pages it grew to, and the stalled streams' buffers would reuse them unseen
                 r = ProxyResult(
                     proxy=name, p50_ms=p50, p99_ms=p99,
-                    added_p50_ms=None if name == "none" else p50 - base_p50,
-                    added_p99_ms=None if name == "none" else p99 - base_p99,
+                    added_p50_ms=None if name == BASELINE else p50 - base_p50,
+                    added_p99_ms=None if name == BASELINE else p99 - base_p99,
                     events_per_s=None, cpu_us_per_event=None, events_per_cpu_s=None,
                     proxy_cpu_util=None, load_cpu_util=None, rss_per_stalled_kib=None,
                     stalled_cut=None, events_lost=lost,
                 )  # fmt: skip
                 if procs:  # none: no process of its own to measure
                     say(f"{name}: stalled streams, then saturation")
-                    r.rss_per_stalled_kib, r.stalled_cut = _stalled(port, procs, w)
+                    r.rss_per_stalled_kib, r.stalled_cut = stalled_memory(port, procs, w)
                     try:
                         (r.events_per_s, r.cpu_us_per_event, r.events_per_cpu_s,
-                         r.proxy_cpu_util, r.load_cpu_util, sat_lost) = _saturation(
+                         r.proxy_cpu_util, r.load_cpu_util, sat_lost) = saturation(
                             port, procs, load, w)  # fmt: skip
                     except OSError as exc:
                         raise BenchError(f"{name}: the saturation streams failed: {exc}") from None
@@ -414,24 +271,26 @@ def _ratios(results: dict[str, ProxyResult]) -> dict[str, dict[str, float | None
 
 
 def run_proxy_bench(
-    names: tuple[str, ...] = PROXY_NAMES,
+    names: tuple[str, ...] | None = None,
     workload: ProxyWorkload | None = None,
     *,
     command: str | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> ProxyBench:
-    """Measure every proxy in ``names`` (``none``, the direct path, is always measured first:
-    the baseline of added latency) on ``workload``; a proxy whose program is not installed,
-    or that does not start, is skipped with the reason. Raises :class:`BenchError` for an
-    unknown proxy name or a bad workload. ``progress`` receives a line before each phase."""
+    """Measure every proxy configuration in ``names`` (default: every one of
+    :func:`bench_configs`; ``none``, the direct path, is always measured first: the baseline of
+    added latency) on ``workload``; a proxy whose program is not installed, or that does not
+    start, is skipped with the reason. Raises :class:`BenchError` for an unknown proxy name or
+    a bad workload. ``progress`` receives a line before each phase."""
     say = progress or (lambda line: None)
     w = workload or ProxyWorkload()
     w.check()
     configs = bench_configs()
+    names = tuple(configs) if names is None else names
     unknown = [n for n in names if n not in configs]
     if unknown:
         raise BenchError(f"--proxies: unknown {', '.join(unknown)}; valid: {', '.join(configs)}")
-    order = ["none", *dict.fromkeys(n for n in names if n != "none")]
+    order = [BASELINE, *dict.fromkeys(n for n in names if n != BASELINE)]
     skipped: dict[str, str] = {}
     for name in order:
         if (why := missing_reason(name, configs[name])) is not None:
@@ -443,7 +302,7 @@ def run_proxy_bench(
     raise_nofile()
     try:
         with Children() as children:
-            port, upstream = _start_upstream(children, load_cpu)
+            port, upstream = start_upstream(children, load_cpu)
             if load_cpu is not None:
                 os.sched_setaffinity(0, {load_cpu})  # the client: this process
             load = [upstream, psutil.Process()]

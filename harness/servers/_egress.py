@@ -34,6 +34,13 @@ class EgressProxyConfig(ProxyConfigBase):
     def build(self) -> Proxy:
         return EgressProxy(self)
 
+    @classmethod
+    def for_bench(cls, *, client_sndbuf_bytes: int) -> dict[str, ProxyConfigBase]:
+        """``egress``: pausing, not cutting, on overflow (the bench's saturation phase outruns
+        even a reader that keeps up, and a cut would end the healthy streams being measured);
+        its own 2.5 s stall timeout."""
+        return {"egress": cls(overflow="pause", client_sndbuf_bytes=client_sndbuf_bytes)}
+
 
 class EgressProxy(Proxy):
     """``python -m harness._egress`` started for the run; its log is ``egress.log``. Its

@@ -72,6 +72,11 @@ class EnvoyProxyConfig(ProxyConfigBase):
     def build(self) -> Proxy:
         return EnvoyProxy(self)
 
+    @classmethod
+    def for_bench(cls, *, client_sndbuf_bytes: int) -> dict[str, ProxyConfigBase]:
+        """``envoy``: a 3 s stream idle timeout."""
+        return {"envoy": cls(stream_idle_timeout_s=3, client_sndbuf_bytes=client_sndbuf_bytes)}
+
 
 def _dur(seconds: float) -> str:
     """A protobuf JSON Duration: decimal seconds with an ``s`` suffix."""

@@ -49,6 +49,20 @@ class HaproxyProxyConfig(ProxyConfigBase):
     def build(self) -> Proxy:
         return HaproxyProxy(self)
 
+    @classmethod
+    def for_bench(cls, *, client_sndbuf_bytes: int) -> dict[str, ProxyConfigBase]:
+        """``haproxy``: ``timeout client 3s`` and ``option nolinger``; ``haproxy-nodelay``: also
+        ``option http-no-delay`` (without it HAProxy may hold small SSE events ~200 ms)."""
+        return {
+            name: cls(
+                timeout_client_s=3,
+                nolinger=True,
+                http_no_delay=no_delay,
+                client_sndbuf_bytes=client_sndbuf_bytes,
+            )
+            for name, no_delay in (("haproxy", False), ("haproxy-nodelay", True))
+        }
+
 
 def render_haproxy_cfg(
     config: HaproxyProxyConfig, *, port: int, upstream_host: str, upstream_port: int

@@ -70,6 +70,12 @@ class NginxProxyConfig(ProxyConfigBase):
     def build(self) -> Proxy:
         return NginxProxy(self)
 
+    @classmethod
+    def for_bench(cls, *, client_sndbuf_bytes: int) -> dict[str, ProxyConfigBase]:
+        """``nginx``: the ``buffered-reset`` preset (buffering on, ``send_timeout 3s``,
+        ``reset_timedout_connection on``)."""
+        return {"nginx": cls(preset="buffered-reset", client_sndbuf_bytes=client_sndbuf_bytes)}
+
 
 NGINX_PRESETS: dict[str, dict[str, Any]] = {
     "sse-advice": {"buffering": False},

@@ -17,6 +17,11 @@ class NoProxyConfig(ProxyConfigBase):
     def build(self) -> Proxy:
         return NoProxy(self)
 
+    @classmethod
+    def for_bench(cls, *, client_sndbuf_bytes: int) -> dict[str, ProxyConfigBase]:
+        """``none``: the direct path, the baseline of the latency every proxy adds."""
+        return {"none": cls()}
+
 
 class NoProxy(Proxy):
     """No proxy: clients use the target's URL."""
