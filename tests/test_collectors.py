@@ -6,7 +6,6 @@ import httpx
 import pytest
 
 from harness._sim import SimConfig, SimServer
-from harness.collectors import MetricsScraper
 from harness.servers import (
     TARGETS,
     LlamaCppPythonTargetConfig,
@@ -168,15 +167,6 @@ def test_a_finish_reason_label_and_names_of_a_kinds_own():
         MetricNames(kv_cache_usage="eng_kv")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         read_figures("this is { not an exposition", (names,))
-
-
-@pytest.mark.parametrize("text", [TEXT, LLAMA_SERVER_TEXT])
-def test_the_transitional_reader_reads_as_the_kinds_do(text):
-    # MetricsScraper without a reader (a caller that does not pass its target yet) reads the
-    # built-in engines as the url kind does
-    assert MetricsScraper("http://127.0.0.1:1").reader.read_metrics(text) == (
-        _url_target().read_metrics(text)
-    )
 
 
 def test_each_kind_reports_the_versions_of_its_engine():

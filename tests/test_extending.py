@@ -157,14 +157,6 @@ kind = "none"
 name = "egress"
 kind = "egress"
 """
-# Until the run's life cycle hands the run's target to the scraper and to versions() (outside
-# this change's files: harness/lifecycle/_run.py and _series.py), a kind's own names are not
-# read during a run; these two tests say so instead of passing without them.
-UNTIL_THE_RUN_PASSES_ITS_TARGET = pytest.mark.xfail(
-    strict=True,
-    reason="harness/lifecycle/_run.py builds MetricsScraper without reader=target and calls "
-    "versions() without the target",
-)
 INCIDENT = """gates = ["fast.outcome.complete == 4", "server.scraped_kv_cache_usage_peak_perc > 0"]
 
 [incident]
@@ -194,7 +186,6 @@ def _read_by_its_own_names(run_dir):
     assert (run_dir / "engine_steps.parquet").is_file()
 
 
-@UNTIL_THE_RUN_PASSES_ITS_TARGET
 def test_a_target_kind_from_a_plugin_runs_a_comparison_read_by_its_own_names(tmp_path):
     (tmp_path / "kind_toy_engine.py").write_text(TOY_PLUGIN.read_text())
     scenario = tmp_path / "toy.toml"
@@ -219,7 +210,6 @@ def test_a_target_kind_from_a_plugin_runs_a_comparison_read_by_its_own_names(tmp
     _read_by_its_own_names(plan_dir / "egress")
 
 
-@UNTIL_THE_RUN_PASSES_ITS_TARGET
 def test_the_suite_runs_an_incident_on_a_target_kind_from_a_plugin(tmp_path):
     incidents = tmp_path / "incidents"
     incidents.mkdir()

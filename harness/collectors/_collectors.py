@@ -13,7 +13,6 @@ from typing import Any, Protocol
 
 import httpx
 import psutil
-from prometheus_client.parser import text_string_to_metric_families
 
 from netem import TcpDiag
 
@@ -29,63 +28,6 @@ class MetricsReader(Protocol):
     def expected_figures(self) -> list[str]:
         """The figures a run looks for; those never read are reported missing."""
         ...
-
-
-class _BuiltInNames:
-    """TRANSITIONAL, for a caller that gives :class:`MetricsScraper` no ``reader`` (the run's
-    life cycle until it passes ``reader=target``): the built-in engines' names, read as before
-    the kinds declared their own (each kind's ``metric_names`` in ``harness.servers`` is the
-    source; a kind registered by a plugin is not read here). Remove once every caller passes
-    the target."""
-
-    _SCALARS: dict[str, tuple[str, ...]] = {
-        "kv_cache_usage": (
-            "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc",
-            "llamacpp_python:context_usage_perc",
-        ),
-        "num_requests_running": (
-            "vllm:num_requests_running", "llamacpp:requests_processing",
-            "llamacpp_python:requests_running",
-        ),
-        "num_requests_waiting": (
-            "vllm:num_requests_waiting", "llamacpp:requests_deferred",
-            "llamacpp_python:requests_waiting",
-        ),
-        "num_preemptions_total": ("vllm:num_preemptions_total",),
-        "generation_tokens_total": (
-            "vllm:generation_tokens_total", "llamacpp:tokens_predicted_total",
-            "llamacpp_python:generation_tokens_total",
-        ),
-    }  # fmt: skip
-    _HISTOGRAMS = {
-        "ttft_seconds": "vllm:time_to_first_token_seconds",
-        "itl_seconds": "vllm:inter_token_latency_seconds",
-        "e2e_seconds": "vllm:e2e_request_latency_seconds",
-    }
-    _SUCCESS = "vllm:request_success_total"
-
-    def read_metrics(self, text: str) -> dict[str, float]:
-        samples: dict[str, float] = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                key = sample.name
-                if key == self._SUCCESS:
-                    key = "request_success_" + sample.labels.get("finished_reason", "")
-                elif key.endswith("_bucket"):
-                    continue
-                samples[key] = samples.get(key, 0.0) + float(sample.value)
-        out = {k: v for k, v in samples.items() if k.startswith("request_success_")}
-        for figure, names in self._SCALARS.items():
-            if found := [samples[n] for n in names if n in samples]:
-                out[figure] = found[0]
-        for figure, name in self._HISTOGRAMS.items():
-            for x in ("_sum", "_count"):
-                if name + x in samples:
-                    out[figure + x] = samples[name + x]
-        return out
-
-    def expected_figures(self) -> list[str]:
-        return [*self._SCALARS, *(f"{h}_count" for h in self._HISTOGRAMS)]
 
 
 class Sampler(threading.Thread):
@@ -153,14 +95,14 @@ class MetricsScraper(Sampler):
         self,
         base_url: str,
         *,
-        reader: MetricsReader | None = None,
+        reader: MetricsReader,
         interval_s: float = 0.25,
         slots: bool = False,
         pid: int | None = None,
     ) -> None:
         super().__init__(interval_s, "zw-metrics")
         self.base_url = base_url
-        self.reader: MetricsReader = reader if reader is not None else _BuiltInNames()
+        self.reader = reader
         self.slots = slots
         self.pid = pid
         self.rows: list[dict[str, Any]] = []

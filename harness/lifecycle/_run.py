@@ -117,7 +117,7 @@ class RunLifecycle:
             "scenario": scenario.model_dump(mode="json"),
             "scenario_path": str(scenario_path) if scenario_path else None,
             "argv": sys.argv,
-            "versions": versions(),
+            "versions": versions(target),
             "host": host_facts(),
             "started_utc": datetime.now(UTC).isoformat(),
             "clock": {"monotonic_at_start_s": self.t_start, "wall_at_start_s": time.time()},
@@ -148,6 +148,7 @@ class RunLifecycle:
         c = self.scenario.collectors
         self.scraper = MetricsScraper(
             self.target.base_url,
+            reader=self.target,
             interval_s=c.metrics_interval_s,
             slots=self.target.serves_slots,
             pid=self.target.pid(),

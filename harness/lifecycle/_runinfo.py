@@ -12,9 +12,9 @@ from typing import Any
 from harness.servers import Target, package_version
 
 
-def versions(target: Target | None = None) -> dict[str, str | None]:
-    """The toolkit's own versions (zerowindow, Locust, Python, the kernel) and, given the run's
-    ``target``, those of the engine it runs, as its kind reports them
+def versions(target: Target) -> dict[str, str | None]:
+    """The toolkit's own versions (zerowindow, Locust, Python, the kernel) and those of the
+    engine the run's ``target`` runs, as its kind reports them
     (:meth:`~harness.servers.Target.versions`: vLLM and torch, llama-cpp-python, llama-server's
     build, the emulator's; a name of the toolkit's own is never replaced). ``None``: not
     installed, or not found."""
@@ -24,8 +24,7 @@ def versions(target: Target | None = None) -> dict[str, str | None]:
         "python": platform.python_version(),
         "kernel": platform.release(),
     }
-    engine = {} if target is None else target.versions()
-    return {**own, **{name: v for name, v in engine.items() if name not in own}}
+    return {**own, **{name: v for name, v in target.versions().items() if name not in own}}
 
 
 def host_facts() -> dict[str, Any]:

@@ -36,7 +36,7 @@ from harness.lifecycle._runinfo import host_facts, versions
 from harness.lifecycle._signals import RunInterrupted, signals_raise
 from harness.runfolder import PLAN_JSON, keep_plugins, write_json
 from harness.scenario import NamedProxyConfig, Plan, RunEntry, Scenario
-from harness.servers import Target, UrlTargetConfig, make_target
+from harness.servers import Target
 from loadgen import RequestSpec, build_prompt, prompt_seed, stream_request
 from zwcore import NetworkError, TargetError
 
@@ -75,7 +75,7 @@ class Series:
         target = self.setup.target
         if reason := target.failure():
             raise TargetError(reason)
-        self.record.info["idle_wait_s"][entry.path] = wait_idle(target.base_url)
+        self.record.info["idle_wait_s"][entry.path] = wait_idle(target)
         sub_dir = self.run_dir / entry.path
         sub_dir.mkdir(parents=True)
         variant = scenario or self.scenario
@@ -111,16 +111,13 @@ class Series:
         return outcome
 
 
-def wait_idle(target: Target | str, *, timeout_s: float = IDLE_TIMEOUT_S) -> float | None:
+def wait_idle(target: Target, *, timeout_s: float = IDLE_TIMEOUT_S) -> float | None:
     """Wait until the engine of ``target`` is idle by its kind's test (:meth:`Target.idle`: no
-    request running and none waiting, read from its ``/metrics`` by its own metric names); a
-    base URL alone is a server of unknown kind, tested as a ``url`` target is (by every
-    registered kind's names). Return how long that took (s), or ``None`` if it did not happen
-    within ``timeout_s`` or the server does not report a running gauge (then it returns at
-    once: there is nothing to wait for). A ``/metrics`` that does not answer is asked again
-    every 0.25 s."""
-    if isinstance(target, str):
-        target = make_target(UrlTargetConfig(kind="url", url=target, served_model_name=""))
+    request running and none waiting, read from its ``/metrics`` by its own metric names; a
+    ``url`` target's by every registered kind's). Return how long that took (s), or ``None``
+    if it did not happen within ``timeout_s`` or the server does not report a running gauge
+    (then it returns at once: there is nothing to wait for). A ``/metrics`` that does not
+    answer is asked again every 0.25 s."""
     t0 = time.monotonic()
     with httpx.Client(timeout=5.0) as client:
         while time.monotonic() - t0 < timeout_s:
@@ -174,7 +171,7 @@ def run_series(
     target, network, placement = setup.target, setup.network, setup.placement
     place_target(placement, target.processes())
     info: dict[str, Any] = {
-        "versions": versions(),
+        "versions": versions(target),
         "host": host_facts(),
         "started_utc": datetime.now(UTC).isoformat(),
         "idle_wait_s": {},
