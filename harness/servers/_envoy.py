@@ -87,25 +87,18 @@ def _address(host: str, port: int) -> dict[str, Any]:
     return {"socket_address": {"address": host, "port_value": port}}
 
 
-def envoy_bootstrap(
-    config: EnvoyProxyConfig,
-    *,
-    port: int,
-    admin_port: int,
-    upstream_host: str,
-    upstream_port: int,
-    folder: Path,
-) -> dict[str, Any]:
-    """The v3 ``Bootstrap`` as plain data: one listener on ``config.listen_host:port`` routing
-    every path to one cluster at ``upstream_host:upstream_port`` over HTTP/1.1, the admin
-    interface on 127.0.0.1:``admin_port``, access log in ``folder``."""
-    c = config
-    try:
-        ipaddress.ip_address(upstream_host)
-        discovery = "STATIC"
-    except ValueError:
-        discovery = "STRICT_DNS"
-    hcm = {
+def _connection_manager(c: EnvoyProxyConfig, folder: Path) -> dict[str, Any]:
+    """The listener's HTTP connection manager: timeouts, HTTP/2 windows, access log in
+    ``folder``, every path routed to the cluster ``target``."""
+    route = {
+        "match": {"prefix": "/"},
+        "route": {
+            "cluster": "target",
+            "timeout": _dur(c.route_timeout_s),
+            "idle_timeout": _dur(c.stream_idle_timeout_s),
+        },
+    }
+    return {
         "@type": HCM_TYPE,
         "stat_prefix": "zerowindow",
         "codec_type": "AUTO",
@@ -126,28 +119,24 @@ def envoy_bootstrap(
         ],
         "route_config": {
             "name": "zerowindow",
-            "virtual_hosts": [
-                {
-                    "name": "target",
-                    "domains": ["*"],
-                    "routes": [
-                        {
-                            "match": {"prefix": "/"},
-                            "route": {
-                                "cluster": "target",
-                                "timeout": _dur(c.route_timeout_s),
-                                "idle_timeout": _dur(c.stream_idle_timeout_s),
-                            },
-                        }
-                    ],
-                }
-            ],
+            "virtual_hosts": [{"name": "target", "domains": ["*"], "routes": [route]}],
         },
         "http_filters": [
             {"name": "envoy.filters.http.router", "typed_config": {"@type": ROUTER_TYPE}}
         ],
     }
-    cluster = {
+
+
+def _cluster(c: EnvoyProxyConfig, upstream_host: str, upstream_port: int) -> dict[str, Any]:
+    """The cluster ``target``: one endpoint at ``upstream_host:upstream_port`` over HTTP/1.1
+    (a name is resolved: ``STRICT_DNS``), its buffer limit and circuit breakers."""
+    try:
+        ipaddress.ip_address(upstream_host)
+        discovery = "STATIC"
+    except ValueError:
+        discovery = "STRICT_DNS"
+    endpoint = {"endpoint": {"address": _address(upstream_host, upstream_port)}}
+    return {
         "name": "target",
         "type": discovery,
         "connect_timeout": _dur(c.connect_timeout_s),
@@ -169,28 +158,32 @@ def envoy_bootstrap(
                 "explicit_http_config": {"http_protocol_options": {}},
             }
         },
-        "load_assignment": {
-            "cluster_name": "target",
-            "endpoints": [
-                {
-                    "lb_endpoints": [
-                        {"endpoint": {"address": _address(upstream_host, upstream_port)}}
-                    ]
-                }
-            ],
-        },
+        "load_assignment": {"cluster_name": "target", "endpoints": [{"lb_endpoints": [endpoint]}]},
+    }
+
+
+def envoy_bootstrap(
+    config: EnvoyProxyConfig,
+    *,
+    port: int,
+    admin_port: int,
+    upstream_host: str,
+    upstream_port: int,
+    folder: Path,
+) -> dict[str, Any]:
+    """The v3 ``Bootstrap`` as plain data: one listener on ``config.listen_host:port`` routing
+    every path to one cluster at ``upstream_host:upstream_port`` over HTTP/1.1, the admin
+    interface on 127.0.0.1:``admin_port``, access log in ``folder``."""
+    c = config
+    manager = {
+        "name": "envoy.filters.network.http_connection_manager",
+        "typed_config": _connection_manager(c, folder),
     }
     listener: dict[str, Any] = {
         "name": "zerowindow",
         "address": _address(c.listen_host, port),
         "per_connection_buffer_limit_bytes": c.buffer_limit_bytes,
-        "filter_chains": [
-            {
-                "filters": [
-                    {"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}
-                ]
-            }
-        ],
+        "filter_chains": [{"filters": [manager]}],
     }
     if c.client_sndbuf_bytes is not None:
         listener["socket_options"] = [
@@ -206,7 +199,7 @@ def envoy_bootstrap(
         "admin": {"address": _address("127.0.0.1", admin_port)},
         "static_resources": {
             "listeners": [listener],
-            "clusters": [cluster],
+            "clusters": [_cluster(c, upstream_host, upstream_port)],
         },
     }
 

@@ -110,35 +110,10 @@ def write_gguf(hf_dir: Path, out_path: Path) -> Path:
 
     writer = GGUFWriter(None, _ARCH)
     writer.add_file_type(LlamaFileType.ALL_F32)
-    writer.add_context_length(hp["context"])
-    writer.add_embedding_length(hp["hidden"])
-    writer.add_block_count(hp["layers"])
-    writer.add_feed_forward_length(hp["ffn"])
-    writer.add_head_count(hp["heads"])
-    writer.add_head_count_kv(hp["kv_heads"])
-    writer.add_key_length(hp["head_dim"])
-    writer.add_value_length(hp["head_dim"])
-    writer.add_layer_norm_rms_eps(hp["rms_eps"])
-    writer.add_rope_freq_base(hp["rope_theta"])
-    writer.add_rope_dimension_count(hp["head_dim"])
-    writer.add_vocab_size(hp["vocab"])
-
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("gpt-2")
-    writer.add_token_list(vocab["tokens"])
-    writer.add_token_types(vocab["types"])
-    writer.add_token_merges(vocab["merges"])
-    writer.add_bos_token_id(vocab["bos"])
-    writer.add_eos_token_id(vocab["eos"])
-    writer.add_unk_token_id(vocab["unk"])
-    writer.add_add_bos_token(vocab["add_bos"])
-    writer.add_add_eos_token(vocab["add_eos"])
-    if vocab["chat_template"] is not None:
-        writer.add_chat_template(vocab["chat_template"])
-
+    _add_hyperparameters(writer, hp)
+    _add_tokenizer(writer, vocab)
     for name, array in tensors.items():
         writer.add_tensor(name, array)
-
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_path.with_name(out_path.name + ".tmp")
     try:
@@ -152,6 +127,38 @@ def write_gguf(hf_dir: Path, out_path: Path) -> Path:
         tmp.unlink(missing_ok=True)
         raise
     return out_path
+
+
+def _add_hyperparameters(writer: GGUFWriter, hp: dict[str, Any]) -> None:
+    """The ``llama.*`` metadata (see :func:`write_gguf`)."""
+    writer.add_context_length(hp["context"])
+    writer.add_embedding_length(hp["hidden"])
+    writer.add_block_count(hp["layers"])
+    writer.add_feed_forward_length(hp["ffn"])
+    writer.add_head_count(hp["heads"])
+    writer.add_head_count_kv(hp["kv_heads"])
+    writer.add_key_length(hp["head_dim"])
+    writer.add_value_length(hp["head_dim"])
+    writer.add_layer_norm_rms_eps(hp["rms_eps"])
+    writer.add_rope_freq_base(hp["rope_theta"])
+    writer.add_rope_dimension_count(hp["head_dim"])
+    writer.add_vocab_size(hp["vocab"])
+
+
+def _add_tokenizer(writer: GGUFWriter, vocab: dict[str, Any]) -> None:
+    """The ``tokenizer.*`` metadata (see :func:`write_gguf`)."""
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt-2")
+    writer.add_token_list(vocab["tokens"])
+    writer.add_token_types(vocab["types"])
+    writer.add_token_merges(vocab["merges"])
+    writer.add_bos_token_id(vocab["bos"])
+    writer.add_eos_token_id(vocab["eos"])
+    writer.add_unk_token_id(vocab["unk"])
+    writer.add_add_bos_token(vocab["add_bos"])
+    writer.add_add_eos_token(vocab["add_eos"])
+    if vocab["chat_template"] is not None:
+        writer.add_chat_template(vocab["chat_template"])
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -304,10 +311,9 @@ def _token_content(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _vocabulary(
-    tok: dict[str, Any], tok_config: dict[str, Any], hf_dir: Path, hp: dict[str, Any]
-) -> dict[str, Any]:
-    tok_path, cfg_path = hf_dir / _TOKENIZER, hf_dir / _TOKENIZER_CONFIG
+def _check_bpe(tok: dict[str, Any], tok_path: Path) -> dict[str, Any]:
+    """The tokenizer's ``model``, once it is a byte-level BPE with the GPT-2 regex (what
+    llama.cpp's ``gpt2`` tokenizer reads) and no normalizer. Raises ``ValueError``."""
     model = _field(tok, "model", dict, tok_path)
     if model.get("type") != "BPE":
         raise ValueError(f"{tok_path}: field 'model.type' is {model.get('type')!r}, not 'BPE'")
@@ -323,14 +329,20 @@ def _vocabulary(
         )
     if tok.get("normalizer"):
         raise ValueError(f"{tok_path}: field 'normalizer' is set; normalizers are not supported")
+    return model
 
-    by_id: dict[int, str] = {}
-    for text, idx in _field(model, "vocab", dict, tok_path).items():
-        by_id[idx] = text
-    added = tok.get("added_tokens") or []
+
+def _tokens_by_id(
+    tok: dict[str, Any], model: dict[str, Any], tok_path: Path, vocab_size: int
+) -> tuple[dict[int, str], set[int], set[int]]:
+    """Each id's token (the vocabulary and the added tokens), and the ids of the special and
+    of the other added tokens. Raises ``ValueError`` for a malformed or clashing entry, or an id
+    beyond ``vocab_size``."""
+    vocab = _field(model, "vocab", dict, tok_path)
+    by_id: dict[int, str] = {idx: text for text, idx in vocab.items()}
     specials: set[int] = set()
     user_defined: set[int] = set()
-    for entry in added:
+    for entry in tok.get("added_tokens") or []:
         idx, text = entry.get("id"), entry.get("content")
         if not isinstance(idx, int) or not isinstance(text, str):
             raise ValueError(f"{tok_path}: field 'added_tokens' has a malformed entry {entry!r}")
@@ -338,12 +350,46 @@ def _vocabulary(
             raise ValueError(f"{tok_path}: added token {text!r} has the id of {by_id[idx]!r}")
         by_id[idx] = text
         (specials if entry.get("special") else user_defined).add(idx)
-    vocab_size = hp["vocab"]
     if any(not 0 <= idx < vocab_size for idx in by_id):
         raise ValueError(
             f"{tok_path}: token ids reach {max(by_id)}, beyond config.json's vocab_size "
             f"{vocab_size}"
         )
+    return by_id, specials, user_defined
+
+
+def _merges(model: dict[str, Any], tok_path: Path) -> list[str]:
+    """The merges as "a b" strings in rank order (stored as pairs or as strings)."""
+    merges = []
+    for merge in _field(model, "merges", list, tok_path):
+        pair = merge.split(" ") if isinstance(merge, str) else merge
+        if not (
+            isinstance(pair, list) and len(pair) == 2 and all(isinstance(p, str) for p in pair)
+        ):
+            raise ValueError(f"{tok_path}: field 'model.merges' has a malformed merge {merge!r}")
+        if any(" " in part for part in pair):
+            raise ValueError(f"{tok_path}: merge {pair!r} has a space in a part")
+        merges.append(" ".join(pair))
+    return merges
+
+
+def _token_type(idx: int, unk: int, specials: set[int], user_defined: set[int]) -> TokenType:
+    if idx == unk:
+        return TokenType.UNKNOWN
+    if idx in specials:
+        return TokenType.CONTROL
+    return TokenType.USER_DEFINED if idx in user_defined else TokenType.NORMAL
+
+
+def _vocabulary(
+    tok: dict[str, Any], tok_config: dict[str, Any], hf_dir: Path, hp: dict[str, Any]
+) -> dict[str, Any]:
+    """The tokenizer as :func:`write_gguf` writes it: tokens, their types, merges, the
+    special ids, whether BOS/EOS are added, the chat template. Raises ``ValueError``."""
+    tok_path, cfg_path = hf_dir / _TOKENIZER, hf_dir / _TOKENIZER_CONFIG
+    model = _check_bpe(tok, tok_path)
+    vocab_size = hp["vocab"]
+    by_id, specials, user_defined = _tokens_by_id(tok, model, tok_path, vocab_size)
     ids = {text: idx for idx, text in by_id.items()}
 
     def special_id(key: str) -> int:
@@ -355,34 +401,11 @@ def _vocabulary(
         return ids[text]
 
     bos, eos, unk = special_id("bos_token"), special_id("eos_token"), special_id("unk_token")
-
-    tokens, types = [], []
-    for idx in range(vocab_size):
-        if idx not in by_id:
-            tokens.append(f"[PAD{idx}]")
-            types.append(TokenType.UNUSED)
-            continue
-        tokens.append(by_id[idx])
-        if idx == unk:
-            types.append(TokenType.UNKNOWN)
-        elif idx in specials:
-            types.append(TokenType.CONTROL)
-        elif idx in user_defined:
-            types.append(TokenType.USER_DEFINED)
-        else:
-            types.append(TokenType.NORMAL)
-
-    merges = []
-    for merge in _field(model, "merges", list, tok_path):
-        pair = merge.split(" ") if isinstance(merge, str) else merge
-        if not (
-            isinstance(pair, list) and len(pair) == 2 and all(isinstance(p, str) for p in pair)
-        ):
-            raise ValueError(f"{tok_path}: field 'model.merges' has a malformed merge {merge!r}")
-        if any(" " in part for part in pair):
-            raise ValueError(f"{tok_path}: merge {pair!r} has a space in a part")
-        merges.append(" ".join(pair))
-
+    tokens = [by_id.get(idx, f"[PAD{idx}]") for idx in range(vocab_size)]
+    types = [
+        _token_type(idx, unk, specials, user_defined) if idx in by_id else TokenType.UNUSED
+        for idx in range(vocab_size)
+    ]
     add_bos, add_eos = _adds_bos_eos(tok, tok_config, by_id, bos, eos)
     template = tok_config.get("chat_template")
     if template is not None and not isinstance(template, str):
@@ -390,7 +413,7 @@ def _vocabulary(
     return {
         "tokens": tokens,
         "types": types,
-        "merges": merges,
+        "merges": _merges(model, tok_path),
         "bos": bos,
         "eos": eos,
         "unk": unk,
