@@ -49,7 +49,7 @@ def test_proxy_comparison_with_3g_readers_and_workers_on_vllm(tiny_model: Path, 
     assert network["shaping"]["slow"]["backend"] in ("netem", "fallback")
     assert network["measured"]["slow"]["measured"]["rtt_ms"] == pytest.approx(300, rel=0.15)
     for name, one in result.runs.items():
-        info = json.loads((one.run_dir / "one.json").read_text())
+        info = json.loads((one.run_dir / "run.json").read_text())
         assert info["network"]["measured"] == network["measured"], name  # measured once
         assert all(len(p["workers"]) == 2 for p in info["load_processes"]), name
         groups = {g.group: g for g in one.summary.groups}
