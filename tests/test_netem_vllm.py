@@ -1,7 +1,8 @@
-"""Shaped links on the tiny vLLM: scenarios/proxy-comparison-3g.toml, fast readers on their own
-unshaped link and slow readers behind 3G with a 4 KiB receive buffer, through none and egress
-(nginx is left to test_comparison_netem and test_proxy_vllm), with two Locust workers per
-group. (Its configuration ``none`` is a shaped run on vLLM like scenarios/shaped-links.toml.)
+"""Shaped links on the tiny vLLM: scenarios/proxy-comparison-3g.toml's workload without a proxy,
+fast readers on their own unshaped link and slow readers behind 3G with a 4 KiB receive buffer,
+with two Locust workers per group. (The comparison itself, none vs nginx vs egress behind the
+same shaped links with workers, runs on the emulator in test_comparison_netem; egress and nginx
+on vLLM in test_proxy_vllm.)
 
 vLLM is started by the run inside the server's network namespace (the session's shared vLLM
 server lives in the host namespace, where the groups' namespaces cannot reach it), so this
@@ -27,41 +28,36 @@ pytestmark = [
 ]
 
 
-def test_proxy_comparison_with_3g_readers_and_workers_on_vllm(tiny_model: Path, tmp_path: Path):
+def test_3g_readers_with_workers_on_vllm_in_its_namespace(tiny_model: Path, tmp_path: Path):
     scenario = load_scenario(REPO / "scenarios" / "proxy-comparison-3g.toml")
     target = scenario.target.model_copy(update={"model": str(tiny_model)})
-    # nginx behind shaped links runs in test_comparison_netem (on the emulator), nginx on vLLM
-    # in test_proxy_vllm: here none and egress keep the suite a minute shorter.
-    proxies = [p for p in scenario.proxies if p.name != "nginx-buffered"]
     # The slow readers' answers at 200 tokens (~60 KB) instead of 600: seconds on 3G still.
     shorter = [
         g.model_copy(update={"max_tokens": 200}) if g.name == "slow" else g
         for g in scenario.groups
     ]
     result = run(
-        scenario.model_copy(update={"target": target, "proxies": proxies, "groups": shorter}),
+        scenario.model_copy(update={"target": target, "proxies": [], "groups": shorter}),
         RunOptions(workers=2),
         out_root=tmp_path,
     )
     assert result.exit_code == 0, result.failure
-    assert list(result.runs) == ["none", "egress"]
-    network = json.loads((result.run_dir / "plan.json").read_text())["network"]
+    one = result.only_run()
+    info = json.loads((one.run_dir / "run.json").read_text())
+    network = info["network"]
     assert network["shaping"]["slow"]["backend"] in ("netem", "fallback")
     assert network["measured"]["slow"]["measured"]["rtt_ms"] == pytest.approx(300, rel=0.15)
-    for name, one in result.runs.items():
-        info = json.loads((one.run_dir / "run.json").read_text())
-        assert info["network"]["measured"] == network["measured"], name  # measured once
-        assert all(len(p["workers"]) == 2 for p in info["load_processes"]), name
-        groups = {g.group: g for g in one.summary.groups}
-        assert groups["slow"].outcomes == {"complete": 4}, name
-        assert groups["fast"].outcomes == {"complete": 8}, name
-        assert groups["slow"].ttft_p50_ms is not None and groups["slow"].ttft_p50_ms > 500
-        # The sockets that face the slow readers (vLLM's or the proxy's, in the server's
-        # namespace) were held back by their 4 KiB window for seconds.
-        slow_rwnd = groups["slow"].server_rwnd_limited_p50_ms or 0
-        fast_rwnd = groups["fast"].server_rwnd_limited_p50_ms or 0
-        assert slow_rwnd > 2_000 and fast_rwnd < 1_000, (name, slow_rwnd, fast_rwnd)
-        verdict = one.summary.verdicts["kv_held_by_undelivered_streams"]
-        assert verdict["status"] == "none", (name, verdict["line"])  # vLLM frees on finish
-    proxy = result.runs["egress"].summary.proxy
-    assert proxy is not None and (proxy.buffered_peak_bytes or 0) > 50_000, proxy
+    assert info["target"]["kind"] == "vllm" and info["versions"]["vllm"]
+    assert all(len(p["workers"]) == 2 for p in info["load_processes"])
+    groups = {g.group: g for g in one.summary.groups}
+    assert groups["slow"].outcomes == {"complete": 4}
+    assert groups["fast"].outcomes == {"complete": 8}
+    assert groups["slow"].ttft_p50_ms is not None and groups["slow"].ttft_p50_ms > 500
+    # vLLM's sockets that face the slow readers, in the server's namespace, were held back by
+    # their 4 KiB window for seconds.
+    slow_rwnd = groups["slow"].server_rwnd_limited_p50_ms or 0
+    fast_rwnd = groups["fast"].server_rwnd_limited_p50_ms or 0
+    assert slow_rwnd > 2_000 and fast_rwnd < 1_000, (slow_rwnd, fast_rwnd)
+    verdict = one.summary.verdicts["kv_held_by_undelivered_streams"]
+    assert verdict["status"] == "none", verdict["line"]  # vLLM frees on finish
+    assert verdict["source"] == "engine_probe"  # the probe loaded inside the namespace too
