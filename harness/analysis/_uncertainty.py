@@ -39,7 +39,6 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 from pydantic import ValidationError
-from scipy import stats
 
 from harness.analysis._latency import token_gaps
 from harness.runfolder import (
@@ -323,6 +322,8 @@ def p_value(
 ) -> tuple[float | None, str | None]:
     """The two-sided p-value that ``figure`` (a figure, or a sample name such as
     ``fast.ttft_ms``) is the same in both, and the test used (module docstring)."""
+    from scipy import stats  # on first use: it takes half a second to import
+
     name = behind[0] if (behind := sample_of(figure)) else figure
     a, b = candidate.sample(name)["value"], baseline.sample(name)["value"]
     if len(a) and len(b):
