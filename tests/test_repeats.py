@@ -132,22 +132,3 @@ def test_a_control_arm_measures_what_the_aggressors_cost(tmp_path: Path) -> None
         and impact["impact.fast.ttft_p99_high"] >= (impact["impact.fast.ttft_p99"])
     )
     assert "impact of the aggressors" in res.stdout and "ttft_p99 x" in res.stdout
-
-
-@pytest.mark.vllm
-def test_an_a_a_run_on_the_tiny_vllm_does_not_fail(vllm_server: str, tmp_path: Path) -> None:
-    # The A/A experiment of docs/gates.md on the session's shared vLLM, with 2 repeats a side:
-    # unchanged, no gate may fail (pass, or inconclusive with a warning).
-    scenario = GATES / "aa-vllm.toml"
-    common = ("--repeats", "2", "--target-url", vllm_server, "--no-progress")
-    first = run_cli("run", str(scenario), "--no-baseline", "--out", str(tmp_path / "a"), *common)
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    base = tmp_path / "base.json"
-    saved = run_cli("baseline", "save", str(only_run_dir(tmp_path / "a")), "--to", str(base))
-    assert saved.returncode == 0, saved.stderr
-    again = run_cli(
-        "run", str(scenario), "--baseline", str(base), "--out", str(tmp_path / "b"), *common
-    )
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    gates = json.loads((only_run_dir(tmp_path / "b") / "gates.json").read_text())["gates"]
-    assert [g["verdict"] for g in gates if g["verdict"] == "fail"] == [], gates
