@@ -244,3 +244,20 @@ def test_the_proxy_bench_takes_every_proxy_kind_that_declares_itself_benchmarkab
     monkeypatch.setattr(PROXIES, "_by_kind", dict(PROXIES._by_kind))  # registered for this test
     PROXIES.register(BenchRelayConfig)
     assert bench_configs()["relay"] == BenchRelayConfig()
+
+
+def test_an_output_kind_from_a_plugin_writes_into_every_concluded_folder(tmp_path):
+    (tmp_path / "csv_output.py").write_text((REPO / "tests" / "kind_csv_output.py").read_text())
+    scenario = tmp_path / "csv.toml"
+    scenario.write_text(
+        'plugins = ["csv_output.py"]\nname = "csv"\nmax_duration_s = 30\ncooldown_s = 0.2\n'
+        '[target]\nkind = "sim"\n[[groups]]\nname = "fast"\nusers = 1\nrequests_per_user = 2\n'
+        "max_tokens = 8\n"
+    )
+    done = run_cli("run", str(scenario), "--out", str(tmp_path / "runs"), "--no-progress")
+    assert done.returncode == 0, done.stdout + done.stderr
+    (run_dir,) = (tmp_path / "runs" / "csv").iterdir()
+    assert len((run_dir / "requests.csv").read_text().splitlines()) == 1 + 2
+    (run_dir / "requests.csv").unlink()
+    assert reanalyze(run_dir).exit_code == 0  # the kept plugin writes it again
+    assert (run_dir / "requests.csv").is_file()

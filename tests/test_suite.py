@@ -9,6 +9,7 @@ it closes, one that vanishes is never aborted and decodes for nobody.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -64,6 +65,16 @@ def test_quick_incidents_pass_on_the_emulator(tmp_path: Path) -> None:
     assert "long.outcome.cut_by_peer == 2: holds" in out["route-timeout"]
     assert "sndbuf-4k: stalled.cut_seen == 4: holds" in out["wmem-stall-detection"]
     assert "sndbuf-1m: stalled.cut_seen == 4: does not hold" in out["wmem-stall-detection"]
+    # The suite's folder is a folder like any other: analysed again to the same cases, with a
+    # report of its own linking each incident's.
+    folder = junit.parent
+    record = json.loads((folder / "suite.json").read_text())
+    assert [c["name"] for c in record["cases"]] == list(cases)
+    page = (folder / "report.html").read_text()
+    assert all(f'href="{e["folder"]}/report.html"' in page for e in record["incidents"])
+    again = run_cli("analyze", str(folder))
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
+    assert json.loads((folder / "suite.json").read_text())["cases"] == record["cases"]
 
 
 def test_bad_suite_inputs_are_clear_errors(tmp_path: Path) -> None:

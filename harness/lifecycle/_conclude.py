@@ -30,11 +30,10 @@ from harness.gates import (
 )
 from harness.lifecycle._exit import EXIT_SETUP, exit_code
 from harness.lifecycle._results import RunResult
-from harness.outputs import junit_run, report_or_warning, write_junit
+from harness.outputs import Concluded, junit_run, write_outputs
 from harness.runfolder import (
     BASELINE_JSON,
     GATES_JSON,
-    JUNIT_XML,
     RUN_JSON,
     figures,
     read_json,
@@ -90,10 +89,6 @@ def conclude(
     )
     if keep_baseline and baseline is not None:
         write_json(run_dir / BASELINE_JSON, baseline[1].model_dump(mode="json"))
-    write_junit(
-        run_dir / JUNIT_XML,
-        [junit_run(summary, results, run_dir=run_dir, baseline=result.baseline)],
-    )
     info.update(
         facts.as_dict(),
         status=summary.status,
@@ -111,7 +106,8 @@ def conclude(
     )
     info.setdefault("ended_utc", datetime.now(UTC).isoformat())
     write_json(run_dir / RUN_JSON, info)
-    if report and (warning := report_or_warning(run_dir)):
+    units = [junit_run(summary, results, run_dir=run_dir, baseline=result.baseline)]
+    for warning in write_outputs(Concluded(run_dir, units, report=report)):
         print(warning, file=sys.stderr)
     return result
 

@@ -28,16 +28,15 @@ from harness.gates import Baseline, GateResult, evaluate_gates
 from harness.lifecycle._exit import decide
 from harness.lifecycle._results import ArmResult, PlanResult, RunResult
 from harness.outputs import (
+    Concluded,
     JunitSuite,
-    report_or_warning,
     write_comparison,
-    write_junit,
+    write_outputs,
     write_sweep,
 )
 from harness.runfolder import (
     BASELINE_JSON,
     GATES_JSON,
-    JUNIT_XML,
     PLAN_JSON,
     REPEATS_JSON,
     write_json,
@@ -113,7 +112,9 @@ def _write_arm(
         },
     )
     write_json(agg.folder / GATES_JSON, _gates_record(gates, base, skip, repeats=names))
-    write_junit(agg.folder / JUNIT_XML, [_junit_unit(plan, agg, gates)])
+    if agg.arm.folder:  # a configuration's own folder; the plan's folder gets the plan's
+        for warning in write_outputs(Concluded(agg.folder, [_junit_unit(plan, agg, gates)], False)):
+            print(warning, file=sys.stderr)
 
 
 def _arm_result(
@@ -150,6 +151,7 @@ def conclude_plan(
     result = PlanResult(plan, folder, dict(leaves), baseline=baseline[0] if baseline else None)
     statuses = [r.summary.status for r in leaves.values()]
     gates: list[GateResult] = []
+    units: list[JunitSuite] = []
     if plan.kind == "sweep":
         result.sweep = sweep_of(folder, record)
         write_sweep(
@@ -158,7 +160,6 @@ def conclude_plan(
         )  # fmt: skip
     else:
         aggs = {a.name: arm_aggregate(folder, record, a) for a in plan.arms if record.of_arm(a)}
-        units = []
         for name, agg in aggs.items():
             if plan.pooled:
                 arm_gates = judge_arm(plan, agg, baseline, skip_relative=skip_relative)
@@ -174,7 +175,6 @@ def conclude_plan(
             arms = {n: [vars(g) for g in a.gates] for n, a in result.arms.items()}
             record_gates = _gates_record(gates, baseline, skip_relative, arms=arms)
             write_json(folder / GATES_JSON, record_gates)
-            write_junit(folder / JUNIT_XML, units)
     if keep_baseline and baseline is not None:
         write_json(folder / BASELINE_JSON, baseline[1].model_dump(mode="json"))
     info = record.info
@@ -188,7 +188,7 @@ def conclude_plan(
     if result.failure is None and result.exit_code:
         result.failure = _why(result)
     write_json(folder / PLAN_JSON, {**record.as_dict(), "exit_code": result.exit_code})
-    if warning := report_or_warning(folder):
+    for warning in write_outputs(Concluded(folder, units)):
         print(warning, file=sys.stderr)
     return result
 

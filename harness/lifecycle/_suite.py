@@ -25,6 +25,7 @@ them and ``junit.xml``.
 
 from __future__ import annotations
 
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,9 @@ from harness.outputs import (
     CaseOutcome,
     SuiteResult,
     abort_text,
+    case_record,
     ratio_text,
+    report_or_warning,
     wasted_text,
     write_suite_junit,
 )
@@ -275,8 +278,7 @@ def run_suite(
             result.exit_code = decide([], interrupted=True)
     if not result.exit_code:
         result.exit_code = decide(["complete" if c.passed else "failed" for c in result.cases])
-    _record(folder, entries, **facts, status="ended", exit_code=result.exit_code)
-    write_suite_junit(result)
+    _end(result, {**facts, "incidents": entries, "status": "ended"})
     return result
 
 
@@ -285,6 +287,16 @@ def _run_incident(plan: Plan, folder: Path) -> tuple[PlanResult | None, str | No
         return run_plan(plan, out_root=folder), None
     except ScenarioError as exc:  # this stack cannot run it (a namespace, a baseline...)
         return None, f"cannot run against this target: {exc}"
+
+
+def _end(result: SuiteResult, record: dict[str, Any]) -> None:
+    """The suite's end: its cases and exit code in ``suite.json``, ``junit.xml``, the report."""
+    record = {**record, "exit_code": result.exit_code}
+    cases = [case_record(c) for c in result.cases]
+    write_json(result.run_dir / SUITE_JSON, {**record, "cases": cases})
+    write_suite_junit(result)
+    if warning := report_or_warning(result.run_dir):
+        print(warning, file=sys.stderr)
 
 
 def _entry(
@@ -327,5 +339,5 @@ def reanalyze_suite(
     result.exit_code = decide(
         ["complete" if c.passed else "failed" for c in result.cases], interrupted=interrupted
     )
-    write_suite_junit(result)
+    _end(result, record)
     return result

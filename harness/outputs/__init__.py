@@ -21,13 +21,20 @@ from harness.outputs._step_summary import (
 from harness.outputs._suite import (
     CaseOutcome,
     SuiteResult,
+    case_record,
     print_suite,
     suite_junit,
     write_suite_junit,
 )
 from harness.outputs._sweep import print_sweep, write_sweep
+from harness.outputs._writers import OUTPUTS, Concluded, FolderOutput, write_outputs
 
 __all__ = [
+    "case_record",
+    "write_outputs",
+    "FolderOutput",
+    "Concluded",
+    "OUTPUTS",
     "wasted_text",
     "ratio_text",
     "abort_text",

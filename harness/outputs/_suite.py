@@ -7,6 +7,7 @@ import sys
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
 from rich.console import Console
@@ -55,6 +56,15 @@ def finding_line(finding: tuple[str, GateResult]) -> str:
     label, g = finding
     where = f"{label}: " if label else ""
     return f"{where}{g.gate}: {'holds' if g.passed else 'does not hold'} ({g.reason})"
+
+
+def case_record(c: CaseOutcome) -> dict[str, Any]:
+    """A case as ``suite.json`` keeps it (and the suite's report shows it)."""
+    return {
+        "name": c.name, "incident": c.incident, "passed": c.passed, "failures": c.failures,
+        "error": c.error, "skipped": c.skipped, "findings": [finding_line(f) for f in c.findings],
+        "details": c.details, "duration_s": c.duration_s,
+    }  # fmt: skip
 
 
 def _case(c: CaseOutcome) -> TestCase:

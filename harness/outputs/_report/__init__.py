@@ -42,8 +42,9 @@ from harness.outputs._report._plots import (
     swimlane_figure,
     timeline,
 )
+from harness.outputs._report._suite_page import render_suite_report
 from harness.outputs._report._swimlane import swimlane
-from harness.runfolder import MatrixCell
+from harness.runfolder import SUITE_JSON, MatrixCell
 from zwcore import RunFolderError
 
 __all__ = [
@@ -196,14 +197,17 @@ def _context(data: RunData) -> dict[str, Any]:
 
 
 def render_report(run_dir: Path) -> str:
-    """The report of ``run_dir`` as one HTML page: a run's, or a plan's
-    (``harness.outputs._report._plan``). Raises :class:`ReportError` when the folder cannot be
-    read (see :func:`harness.outputs._report._data.load_run`)."""
-    if is_plan_folder(run_dir):
-        try:
+    """The report of ``run_dir`` as one HTML page: a run's, a plan's
+    (``harness.outputs._report._plan``) or a suite's (``_suite_page``). Raises
+    :class:`ReportError` when the folder cannot be read (see
+    :func:`harness.outputs._report._data.load_run`)."""
+    try:
+        if (run_dir / SUITE_JSON).is_file():
+            return render_suite_report(run_dir)
+        if is_plan_folder(run_dir):
             return render_plan_report(run_dir)
-        except RunFolderError as exc:
-            raise ReportError(str(exc)) from None
+    except RunFolderError as exc:
+        raise ReportError(str(exc)) from None
     return _env().get_template("report.html.j2").render(_context(load_run(run_dir)))
 
 
