@@ -14,13 +14,13 @@ _cache: dict[str, RunResult] = {}
 
 
 def reduced(kv_release: str) -> Scenario:
-    """sim-coupled with the stalled readers holding 8 s instead of 20 s."""
+    """sim-coupled with the stalled readers holding 6 s instead of 20 s."""
     base = load_scenario(REPO / "scenarios" / "sim-coupled.toml")
     engine = base.target.engine.model_copy(update={"kv_release": kv_release})  # type: ignore[union-attr]
     groups = []
     for g in base.groups:
         if g.action is not None:
-            g = g.model_copy(update={"action": g.action.model_copy(update={"hold_s": 8})})
+            g = g.model_copy(update={"action": g.action.model_copy(update={"hold_s": 6})})
         groups.append(g)
     target = base.target.model_copy(update={"engine": engine})
     return base.model_copy(update={"target": target, "groups": groups})

@@ -15,7 +15,7 @@ from tests._sim_runs import reduced, sim_runs
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunResult]:
-    """sim-coupled with 8 s holds (tests._sim_runs, shared with the report and compare
+    """sim-coupled with 6 s holds (tests._sim_runs, shared with the report and compare
     tests): coupled and not; then the fast readers alone, and the coupled engine behind the
     egress buffer and behind buffering nginx."""
     shared = sim_runs(tmp_path_factory)
@@ -58,7 +58,7 @@ def test_runs_complete(runs):
 def test_on_delivery_is_reported_held(runs):
     verdict = _verdict(runs["on_delivery"])
     assert verdict["status"] == "held", verdict
-    assert verdict["kv_held_s"] >= 3 and verdict["kv_seconds"] > 1  # of an 8 s hold
+    assert verdict["kv_held_s"] >= 3 and verdict["kv_seconds"] > 1  # of a 6 s hold
     assert verdict["undelivered_peak_bytes"] > 0
     assert "HELD" in verdict["line"]
     # From the engine's own records, through the same analysis as vLLM's, and the scrapes
