@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -91,10 +92,25 @@ def vllm_engine_dir(vllm_server: str) -> Path:
 
 
 def run_cli(*args: str, timeout: float = 600, **kwargs: object) -> subprocess.CompletedProcess[str]:
-    """Run ``zerowindow ARGS`` and capture its output."""
-    return subprocess.run(
-        [*ZEROWINDOW, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO, **kwargs
-    )  # type: ignore[call-overload]
+    """Run ``zerowindow ARGS`` from the repository's folder and capture its output: in this
+    process, through the command's own entry (``harness.cli.app``, typer's test runner: what a
+    second interpreter would run, without its second of imports), or in a process of its own
+    when the call gives one its environment (``env=``). An exception the command does not turn
+    into an exit code is raised, as it would end a process with a traceback."""
+    if kwargs:
+        return subprocess.run(
+            [*ZEROWINDOW, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO,
+            **kwargs,
+        )  # type: ignore[call-overload]  # fmt: skip
+    from typer.testing import CliRunner
+
+    from harness.cli import app
+
+    with contextlib.chdir(REPO):
+        result = CliRunner().invoke(app, list(args), catch_exceptions=False)
+    return subprocess.CompletedProcess(
+        [*ZEROWINDOW, *args], result.exit_code, result.stdout, result.stderr
+    )
 
 
 def only_run_dir(out: Path) -> Path:

@@ -105,7 +105,7 @@ requests_per_user = 1
 max_tokens = 512
 rcvbuf_bytes = 4096
 read = { kind = "paced", bytes_per_read = 64, interval_s = 0.1 }
-action = { kind = "stop_reading", after_tokens = 8, hold_s = 12 }
+action = { kind = "stop_reading", after_tokens = 8, hold_s = 8 }
 """
     text = _scenario(vllm_server, groups, name="stall", engine_dir=vllm_engine_dir)
     result, run_dir = _run(text, tmp_path)
