@@ -10,6 +10,7 @@ it closes, one that vanishes is never aborted and decodes for nobody.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -173,8 +174,11 @@ def test_the_disconnect_matrix_on_vllm(
     cut = (
         '[matrix]\nphases = ["decode", "queued"]\nleaves = ["fin", "rst", "stall_fin", "vanish"]\n'
     )
-    # 3 s cells, not 4: a leaver is gone (and a closer aborted) within a second or two.
+    # 3 s cells, not 4: a leaver is gone (and a closer aborted) within a second or two. Decode
+    # leavers leave at their first token's read: the tiny vLLM decodes 900 tokens in ~1.4 s and
+    # a load process sharing 2 CPUs with it overslept a 0.2 s wait by up to 1.3 s (CI, stop 33).
     text = text.replace("cell_s = 4\n", "cell_s = 3\n")
+    text = re.sub(r"decode_leave_after_s = [0-9.]+", "decode_leave_after_s = 0", text)
     (folder / "disconnect-matrix.toml").write_text(text.replace("[matrix]\n", cut))
     res = run_cli(
         "suite", "run", str(folder), "--target-url", vllm_server,
@@ -192,10 +196,12 @@ def test_the_disconnect_matrix_on_vllm(
     shown = ["group", "leave_phase", "engine_finish_reason", "leave_to_abort_ms"]
     assert (gone["engine_finish_reason"] == "abort").all(), gone[shown].to_string()
     assert (gone["leave_to_abort_ms"] < 2000).all(), gone
-    # A load process on a busy machine may leave late, or send late (the front-end never had
-    # the request: "frontend"); at least one closing client must have left mid-decode.
+    # A load process on a busy machine may leave late (it once read its first 64 KiB 1.7 s after
+    # they arrived), or send late (the front-end never had the request: "frontend"); at least
+    # one closing client, of either phase's cells, must have left mid-decode.
     decoding = requests[requests["leave_phase"] == "decode"]
-    assert len(decoding[decoding["group"].isin(["decode-fin", "decode-rst"])]) >= 1, requests
+    phases = requests.groupby(["group", "leave_phase"], dropna=False).size().to_string()
+    assert (closed & (requests["leave_phase"] == "decode")).sum() >= 1, phases
     stall_s = 1.5  # the scenario's stall_s
     for how in ("stall_fin",):
         left = decoding[decoding["group"] == f"decode-{how}"]

@@ -63,10 +63,11 @@ class MatrixConfig(BaseModel):
     prefill_leave_after_s: float = Field(0.02, gt=0)
     decode_leave_after_s: float | None = Field(
         0.3,
-        gt=0,
+        ge=0,
         description="decode: leave this long after the first token arrived, reading nothing "
         "meanwhile (never while still queued on a busy engine; a load process late to read "
-        "still leaves while the engine decodes); None: after decode_after_tokens tokens",
+        "still leaves while the engine decodes; 0: at the first token's read); None: after "
+        "decode_after_tokens tokens",
     )
     decode_after_tokens: int = Field(8, ge=1)
     stall_s: float = Field(2.0, gt=0, description="stall_fin, stall_rst: stall this long")
