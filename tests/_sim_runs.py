@@ -14,7 +14,8 @@ _cache: dict[str, RunResult] = {}
 
 
 def reduced(kv_release: str) -> Scenario:
-    """sim-coupled with the stalled readers holding 6 s instead of 20 s."""
+    """sim-coupled with the stalled readers holding 6 s instead of 20 s, and a 0.5 s cool-down
+    (the clients are gone by then: nothing is left to observe)."""
     base = load_scenario(REPO / "scenarios" / "sim-coupled.toml")
     engine = base.target.engine.model_copy(update={"kv_release": kv_release})  # type: ignore[union-attr]
     groups = []
@@ -23,7 +24,7 @@ def reduced(kv_release: str) -> Scenario:
             g = g.model_copy(update={"action": g.action.model_copy(update={"hold_s": 6})})
         groups.append(g)
     target = base.target.model_copy(update={"engine": engine})
-    return base.model_copy(update={"target": target, "groups": groups})
+    return base.model_copy(update={"target": target, "groups": groups, "cooldown_s": 0.5})
 
 
 def sim_runs(factory: pytest.TempPathFactory) -> dict[str, RunResult]:

@@ -38,6 +38,8 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     scenario = out / SCENARIO.name
     text = SCENARIO.read_text()
     assert text.count("max_tokens = 600") == 1
+    assert text.count("cooldown_s = 2\n") == 1
+    text = text.replace("cooldown_s = 2\n", "cooldown_s = 0.5\n")  # the clients are gone
     scenario.write_text(text.replace("max_tokens = 600", "max_tokens = 200"))
     done = run_cli("run", str(scenario), "--out", str(out), "--no-progress", "--workers", "2")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

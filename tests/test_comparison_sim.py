@@ -32,7 +32,7 @@ def result(tmp_path_factory: pytest.TempPathFactory) -> PlanResult:
         if g.action is not None else g
         for g in scenario.groups
     ]  # fmt: skip
-    scenario = scenario.model_copy(update={"groups": groups})
+    scenario = scenario.model_copy(update={"groups": groups, "cooldown_s": 0.5})
     if shutil.which("nginx") is None:
         scenario = scenario.model_copy(
             update={"proxies": [p for p in scenario.proxies if p.proxy.kind != "nginx"]}

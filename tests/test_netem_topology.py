@@ -195,14 +195,14 @@ def test_without_cap_net_admin_the_error_names_the_capability(tmp_path: Path):
 SHAPED_SIM = """
 name = "shaped-sim"
 max_duration_s = 90
-cooldown_s = 1
+cooldown_s = 0.5
 [target]
 kind = "sim"
 [target.engine]
 num_blocks = 256
 block_size = 32
 [netem]
-measure_duration_s = 1.5
+measure_duration_s = 1.0
 measure_udp_packets = 200
 [server_net]
 tcp_wmem = [4096, 16384, 65536]

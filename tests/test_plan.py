@@ -48,7 +48,7 @@ aggressor = true
 users = 1
 requests_per_user = 1
 prompt_tokens = 8
-max_tokens = 32
+max_tokens = 16
 read = {{ kind = "paced", bytes_per_read = 512, interval_s = 0.05 }}
 """
 
@@ -264,6 +264,7 @@ def test_each_configuration_has_its_repeats_controls_intervals_and_gates(
     assert comparison["intervals"]["egress"]["fast.ttft_p50_ms"]
     assert "compose none/r1" in stdout and "compose egress/c2" in stdout  # progress per run
     assert "egress:" in stdout and "repeats: figures with 95% intervals" in stdout
+    assert "impact of the aggressors" in stdout  # each configuration's, from its control runs
     assert (folder / "report.html").stat().st_size > 10_000
 
 

@@ -109,26 +109,3 @@ def test_the_rerun_policy_adds_repeats_while_a_gate_is_inconclusive(
     else:  # decided after 2 repeats: no rerun
         assert record["runs"] == ["r1", "r2"] and gate["verdict"] in ("pass", "fail")
     assert res.returncode == (0 if all(g["passed"] for g in record["gates"]) else 1)
-
-
-def test_a_control_arm_measures_what_the_aggressors_cost(tmp_path: Path) -> None:
-    # The emulator couples KV to delivery: the stalled readers hold the blocks the fast readers
-    # need, which the control arm (the same schedule without them) shows as impact.
-    res = run_cli(
-        "run", str(REPO / "scenarios" / "sim-control.toml"), "--repeats", "1",
-        "--out", str(tmp_path), "--no-progress",
-    )  # fmt: skip
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    run_dir = only_run_dir(tmp_path)
-    record = json.loads((run_dir / "repeats.json").read_text())
-    assert record["runs"] == ["r1"] and record["controls"] == ["c1"]
-    control = pd.read_parquet(run_dir / "c1" / "requests.parquet")
-    assert set(control["group"]) == {"fast"}  # the same schedule, without the aggressors
-    full = pd.read_parquet(run_dir / "r1" / "requests.parquet")
-    assert set(full["group"]) == {"fast", "slow"}
-    impact = record["impact"]
-    assert (
-        impact["impact.fast.ttft_p99_low"] > 2
-        and impact["impact.fast.ttft_p99_high"] >= (impact["impact.fast.ttft_p99"])
-    )
-    assert "impact of the aggressors" in res.stdout and "ttft_p99 x" in res.stdout

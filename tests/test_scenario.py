@@ -154,11 +154,14 @@ def test_the_harness_does_not_import_gevent():
     """Locust monkey-patches the process it is imported into; the harness runs threads (the
     engine emulator, the egress buffer, the samplers) and must stay unpatched: load runs in
     separate Locust processes. Every module of every package is imported, except loadgen's
-    Locust-bound ones."""
+    Locust-bound ones and the engine probes, which load into the engine's own process (vLLM's,
+    llama-cpp-python's)."""
     code = (
         "import importlib, pkgutil, sys\n"
         "locust_bound = {'loadgen.locustfile', 'loadgen._users', 'loadgen._lifecycle',\n"
-        "                'loadgen._saturation', 'loadgen._distributed'}\n"
+        "                'loadgen._saturation', 'loadgen._distributed',\n"
+        "                'harness._engine_probe._vllm_scheduler',\n"
+        "                'harness._engine_probe._llamacpp_python'}\n"
         "for pkg in ('zwcore', 'netem', 'loadgen', 'harness'):\n"
         "    root = importlib.import_module(pkg)\n"
         "    for info in pkgutil.walk_packages(root.__path__, pkg + '.'):\n"

@@ -110,11 +110,11 @@ def test_the_concurrency_search_finds_the_highest_ceiling_that_passes(tmp_path: 
     from harness.lifecycle import run
     from harness.scenario import RunOptions, SweepSettings, parse_scenario
 
-    # 16 requests at once, at most c in flight: up to c = 4 (the engine's batch) each is
+    # 12 requests at once, at most c in flight: up to c = 4 (the engine's batch) each is
     # scheduled as it arrives and its first token comes within a step or two; above, the
     # fifth waits in the engine's queue for a whole request (~0.5 s). A 300 ms TTFT bound
     # (from the send) therefore holds up to 4: the bisection must find the batch size.
-    text = SCENARIO.replace("requests = 40", "requests = 16").replace("1500", "300")
+    text = SCENARIO.replace("requests = 40", "requests = 12").replace("1500", "300")
     settings = SweepSettings(
         steps=0, sla=True, sla_on="concurrency", sla_steps=4, serial_requests=4
     )
