@@ -124,3 +124,51 @@ def test_relative_gates_keep_the_baseline_the_run_used(tmp_path):
     # a run that skipped them on purpose (`run --no-baseline`) is analysed the same way
     conclude(pristine, read_facts(pristine), info, setup_failed=False, skip_relative=True)
     assert reanalyze(pristine).gates[0].skipped
+
+
+def _as_if_killed(run_dir: Path, harness: dict[str, object]) -> None:
+    """Make ``run_dir``'s run.json what a run whose harness was killed leaves: status running,
+    no end, the harness process it names."""
+    info = json.loads((run_dir / "run.json").read_text())
+    for key in ("duration_s", "ended_utc", "exit_code", "failure", "gates"):
+        info.pop(key, None)
+    info.update(status="running", harness=harness)
+    (run_dir / "run.json").write_text(json.dumps(info))
+    for name in ("summary.json", "requests.parquet", "chunks.parquet", "gates.json"):
+        (run_dir / name).unlink(missing_ok=True)
+
+
+def test_a_killed_runs_folder_is_analysed_as_killed(tmp_path):
+    import os
+
+    from netem import process_start_ticks
+    from zwcore import RunFolderError
+
+    run_dir = _copy(tmp_path)
+    info = json.loads((run_dir / "run.json").read_text())
+    start = info["clock"]["monotonic_at_start_s"]
+    ends = [
+        json.loads(line)["t_end"]
+        for path in run_dir.glob("records-*.jsonl")
+        for line in path.read_text().splitlines()
+    ]
+    # While the harness named in run.json runs (here: this process), the run is not over.
+    me = {"pid": os.getpid(), "start_ticks": process_start_ticks(os.getpid())}
+    _as_if_killed(run_dir, me)
+    try:
+        read_facts(run_dir)
+    except RunFolderError as exc:
+        assert "still running" in str(exc) and str(os.getpid()) in str(exc)
+    else:
+        raise AssertionError("a run whose harness still runs was analysed")
+    # Once it is gone (same pid, another start time), the records are the run.
+    _as_if_killed(run_dir, {**me, "start_ticks": -1})
+    done = run_cli("analyze", str(run_dir))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["status"] == "killed" and info["exit_code"] == 0
+    assert info["duration_s"] == max(ends) - start
+    assert f"stop {max(ends) - start:.1f} s after the start" in info["failure"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "killed"
+    assert len(pd.read_parquet(run_dir / "requests.parquet")) == len(ends)

@@ -17,12 +17,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 from pyroute2 import IPRoute
 
 from netem import NetemPermissionError, NetemState, Topology, clean, has_net_admin, read_state
 from netem._netns import create_netns, list_netns, netns_pids, run_in_netns
-from tests.conftest import REPO
+from tests.conftest import REPO, run_cli
 
 needs_net_admin = pytest.mark.skipif(
     not has_net_admin(), reason="needs the CAP_NET_ADMIN capability (run as root)"
@@ -226,8 +227,6 @@ read = { kind = "paced", bytes_per_read = 256, interval_s = 0.1 }
 def test_shaped_run_on_the_sim_target(tmp_path: Path):
     """Both groups run behind their own links; the 3G link is measured; the server's kernel
     saw the slow readers limited by their receive window for seconds, the fast ones not."""
-    import pandas as pd
-
     from harness.lifecycle import run_scenario
     from harness.scenario import parse_scenario
 
@@ -328,6 +327,15 @@ def test_sigkilled_run_is_cleaned_by_netem_clean(tmp_path: Path):
     assert f"zw-{run_id}" not in nft.stdout
     with IPRoute() as ipr:
         assert not [x for x in ipr.get_links() if x.get("ifname", "").startswith(f"zw-{run_id}")]
+    # The killed run's folder is still a run folder: analyze ends it, "killed", on its records.
+    run_dir = state_path.parent
+    done = run_cli("analyze", str(run_dir))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["status"] == "killed" and "killed" in info["failure"], info.get("failure")
+    assert 0 < info["duration_s"] < 120
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "killed"
+    assert len(pd.read_parquet(run_dir / "requests.parquet")) >= 1
 
 
 def _alive(pid: int) -> bool:
@@ -380,8 +388,6 @@ action = { kind = "stop_reading", after_tokens = 8, hold_s = 3, close = "rst" }
 @needs_net_admin
 @pytest.mark.skipif(not shutil.which("tcpdump"), reason="tcpdump is not installed")
 def test_capture_on_each_groups_link_finds_zero_windows_and_who_reset(tmp_path: Path):
-    import pandas as pd
-
     from harness.lifecycle import run_scenario
     from harness.scenario import parse_scenario
 

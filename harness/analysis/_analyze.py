@@ -22,6 +22,7 @@ from harness.analysis._engine import (
     probe_problem,
 )
 from harness.analysis._engine_join import engine_aborts, join_engine, send_blocked_spans
+from harness.analysis._killed import killed_run_end
 from harness.analysis._leaves import leave_figures
 from harness.analysis._matrix import matrix_cells
 from harness.analysis._proxy import proxy_summary
@@ -66,7 +67,9 @@ from zwcore import RunFolderError
 class RunFacts:
     """What a run's life cycle recorded that analysis needs (``run.json``).
 
-    ``status``: ``complete``, ``failed`` or ``interrupted``, with ``failure`` saying why;
+    ``status``: ``complete``, ``failed``, ``interrupted`` or ``killed`` (the harness ended
+    without its clean-up: :func:`~harness.analysis._killed.killed_run_end`), with ``failure``
+    saying why;
     ``duration_s``: from the run's start to the end of its clean-up; ``proxy_name`` and
     ``proxy_kind``: the proxy configuration the load went through; ``client_port``: the port
     the clients connected to (the proxy's, if any); ``missing_metrics``: metrics the server
@@ -118,15 +121,17 @@ def read_facts(run_dir: Path) -> RunFacts:
     proxy = info.get("proxy") or {}
     workers = info.get("load_workers", old.get("load_workers", []))
     duration = info.get("duration_s", old.get("duration_s"))
+    status = str(info.get("status", old.get("status", "failed")))
+    failure = info.get("failure", old.get("failure"))
+    if duration is None and status == "running":  # its harness was killed before the end
+        duration, failure = killed_run_end(run_dir, info, [g.name for g in scenario.groups])
+        status = "killed"
     if duration is None:
-        why = " (status 'running': the run was killed before it ended)" * (
-            info.get("status") == "running"
-        )
-        raise RunFolderError(f"{run_dir / RUN_JSON}: the run did not record its duration{why}")
+        raise RunFolderError(f"{run_dir / RUN_JSON}: the run did not record its duration")
     return RunFacts(
         scenario=scenario,
-        status=str(info.get("status", old.get("status", "failed"))),
-        failure=info.get("failure", old.get("failure")),
+        status=status,
+        failure=failure,
         duration_s=float(duration),
         proxy_name=str(info.get("proxy_name", old_proxy.get("name", proxy.get("kind", "none")))),
         proxy_kind=str(proxy.get("kind", old_proxy.get("kind", "none"))),

@@ -8,7 +8,9 @@ and the Python API all take their exit code from :func:`decide` (docs/ci.md):
   scenario or argument never gets this far: the command refuses it with 2 before);
 - 1: a run failed while it measured (the engine died, every request failed: see
   ``harness.analysis.all_requests_failed``), or a gate failed;
-- 0: every run completed and every gate passed.
+- 0: every run completed and every gate passed. A run folder whose harness was killed
+  (status ``killed``, found by ``zerowindow analyze``) is judged by its gates on what it
+  recorded: the kill is the run's end, not a failure of the stack.
 """
 
 from __future__ import annotations
@@ -28,15 +30,15 @@ def decide(
     interrupted: bool = False,
 ) -> int:
     """The exit code (module docstring) of runs with ``statuses`` (``complete``, ``failed``,
-    ``interrupted``) and ``gates``; ``setup_failed``: nothing was measured because the stack
-    did not start; ``interrupted``: a signal stopped the command (also when a status says
-    so)."""
+    ``interrupted``, ``killed``) and ``gates``; ``setup_failed``: nothing was measured
+    because the stack did not start; ``interrupted``: a signal stopped the command (also when
+    a status says so)."""
     statuses = list(statuses)
     if interrupted or "interrupted" in statuses:
         return EXIT_INTERRUPTED
     if setup_failed:
         return EXIT_SETUP
-    if any(s != "complete" for s in statuses) or not all(g.passed for g in gates):
+    if any(s not in ("complete", "killed") for s in statuses) or not all(g.passed for g in gates):
         return EXIT_FAILED
     return EXIT_OK
 

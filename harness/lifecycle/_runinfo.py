@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from harness.servers import Target, package_version
+from netem import process_start_ticks
 
 
 def versions(target: Target) -> dict[str, str | None]:
@@ -25,6 +26,13 @@ def versions(target: Target) -> dict[str, str | None]:
         "kernel": platform.release(),
     }
     return {**own, **{name: v for name, v in target.versions().items() if name not in own}}
+
+
+def harness_process() -> dict[str, int | None]:
+    """This process: its pid and start time (clock ticks after boot, proc(5)), so that
+    ``zerowindow analyze`` can tell a run still going from one whose harness was killed."""
+    pid = os.getpid()
+    return {"pid": pid, "start_ticks": process_start_ticks(pid)}
 
 
 def host_facts() -> dict[str, Any]:

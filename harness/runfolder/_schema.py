@@ -285,7 +285,7 @@ class RunSummary(BaseModel):
     """The whole run's summary, as written to ``summary.json``."""
 
     scenario: str
-    status: str  # "complete" | "failed" | "interrupted"
+    status: str  # "complete" | "failed" | "interrupted" | "killed"
     failure: str | None
     duration_s: float
     groups: list[GroupSummary]
