@@ -23,6 +23,7 @@ from netem._probe import KCONFIG, KernelFeatures
 from netem._profiles import DirectionProfile, LinkProfile
 from netem._resources import DELAYLINE_MODULE
 from netem._shaping import BACKENDS, _Applier, tbf_options
+from zwcore import reap_on_exit
 
 _READY_TIMEOUT_S = 15.0
 
@@ -177,6 +178,7 @@ class FallbackBackend:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, text=True, env=env,
                                 start_new_session=True)
+        reap_on_exit(proc.pid, group=True)  # should the harness die without stopping it
         name = f"{proc.pid} {tag}"
         a.s._procs[name] = proc
         a.created("process", name)

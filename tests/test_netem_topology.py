@@ -308,6 +308,12 @@ def test_sigkilled_run_is_cleaned_by_netem_clean(tmp_path: Path):
     assert any(r["shaping_kind"] == "qdisc" for r in shaping)
     pids = [r["pid"] for r in state["resources"] if r["kind"] == "process"]
     pids += [int(r["name"].split()[0]) for r in shaping if r["shaping_kind"] == "process"]
+    # Its reaper ended every process it started (delay lines, emulator, Locust) within 5 s;
+    # the namespaces stay for netem clean.
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.1)
+    assert pids and not [p for p in pids if _alive(p)], state["resources"]
 
     done = subprocess.run(
         [sys.executable, "-m", "harness", "netem", "clean", "--results", str(out),

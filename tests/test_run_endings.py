@@ -16,7 +16,7 @@ from typing import Any
 
 import psutil
 
-from tests.conftest import REPO, ZEROWINDOW
+from tests.conftest import REPO, ZEROWINDOW, run_cli
 
 SCENARIO = """
 name = "load-death"
@@ -53,10 +53,12 @@ def _locust_of(run_root: str, group: str = "doomed") -> psutil.Process | None:
     return None
 
 
-def _start(tmp_path: Path) -> tuple[subprocess.Popen[str], Path, psutil.Process]:
-    """``zerowindow run`` of SCENARIO, once group doomed's Locust process streams."""
+def _start(
+    tmp_path: Path, text: str = SCENARIO
+) -> tuple[subprocess.Popen[str], Path, psutil.Process]:
+    """``zerowindow run`` of ``text``, once group doomed's Locust process streams."""
     scenario = tmp_path / "load-death.toml"
-    scenario.write_text(SCENARIO)
+    scenario.write_text(text)
     out = tmp_path / "runs"
     run = subprocess.Popen(
         [sys.executable, "-m", "harness", "run", str(scenario), "--out", str(out), "--no-progress"],
@@ -104,7 +106,42 @@ def test_a_hang_up_stops_the_run_and_everything_it_started(tmp_path: Path):
     output, info = _signal_and_end(run, out, harness, signal.SIGHUP)
     assert run.returncode == 130, output
     assert info["status"] == "interrupted" and "SIGHUP" in info["failure"]
-    assert children and not [c for c in children if c.is_running() and c.status() != "zombie"]
+    assert children and not _still_running(children, within_s=5.0)
+
+
+def test_a_killed_harness_leaves_no_process_and_a_folder_analyze_ends(tmp_path: Path):
+    """SIGKILL of ``zerowindow run`` mid-load (a CI time limit, the OOM killer): its reaper ends
+    the emulator, the proxy and the Locust processes within 5 s, and ``analyze`` ends the
+    folder as ``killed`` with the requests recorded before the kill."""
+    run, out, _ = _start(tmp_path, SCENARIO + '[proxy]\nkind = "nginx"\n')
+    children = psutil.Process(run.pid).children(recursive=True)
+    assert any("nginx" in " ".join(_cmdline(c.pid).split()[:1]) for c in children), children
+    run.kill()
+    run.communicate(timeout=30)
+    left = _still_running(children, within_s=5.0)
+    assert not left, [_cmdline(c.pid) for c in left]
+    (run_dir,) = out.glob("load-death/*")
+    done = run_cli("analyze", str(run_dir))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["status"] == "killed" and "killed" in info["failure"], info.get("failure")
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "killed"
+
+
+def _still_running(processes: list[psutil.Process], *, within_s: float) -> list[psutil.Process]:
+    """Those of ``processes`` still running (zombies aside) after up to ``within_s`` s."""
+    deadline = time.monotonic() + within_s
+    while True:
+        left = []
+        for p in processes:
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    left.append(p)
+            except psutil.NoSuchProcess:
+                pass
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
 
 
 def test_ctrl_c_while_the_command_starts_is_exit_130_without_a_traceback(tmp_path: Path):

@@ -1,6 +1,6 @@
 """The toolkit's foundation, shared by ``loadgen``, ``netem`` and ``harness``: the registry by
 ``kind`` that every pluggable part uses, plugins that register kinds, the one exception tree,
-and CPU lists."""
+CPU lists, and the reaper that ends what the harness started once the harness is gone."""
 
 from zwcore._cpus import format_cpu_list, parse_cpu_list
 from zwcore._errors import (
@@ -13,6 +13,7 @@ from zwcore._errors import (
     ZerowindowError,
 )
 from zwcore._plugins import is_file_plugin, load_plugins, resolve_plugins
+from zwcore._reaper import reap_on_exit
 from zwcore._registry import Registry, UnknownKindError, kind_of, relocated_errors
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "kind_of",
     "load_plugins",
     "parse_cpu_list",
+    "reap_on_exit",
     "relocated_errors",
     "resolve_plugins",
 ]

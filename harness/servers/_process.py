@@ -11,7 +11,7 @@ from pathlib import Path
 
 from harness.servers._health import wait_healthy
 from netem import exec_prefix
-from zwcore import TargetError
+from zwcore import TargetError, reap_on_exit
 
 
 def start_process(
@@ -49,6 +49,7 @@ def start_process(
     finally:
         if own is not None:
             os.sched_setaffinity(0, own)
+    reap_on_exit(proc.pid, group=True)  # should the harness die without stopping it
     return proc
 
 
