@@ -7,6 +7,8 @@ during a run does, instead of a ``KeyboardInterrupt`` traceback: nothing has bee
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 
 EXIT_INTERRUPTED = 128 + 2  # SIGINT, as harness.lifecycle.EXIT_INTERRUPTED (not imported yet)
@@ -17,6 +19,11 @@ def main() -> None:
     try:
         from harness.cli import main as cli_main
     except KeyboardInterrupt:
+        # Nothing was created: leave at once, past the interpreter's finalization, where a
+        # half-imported module's clean-up or a second Ctrl-C once ended the process by SIGINT
+        # itself (exit -2 instead of 130, after this line was printed).
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         print("zerowindow: interrupted while starting; nothing was run", file=sys.stderr)
-        raise SystemExit(EXIT_INTERRUPTED) from None
+        sys.stderr.flush()
+        os._exit(EXIT_INTERRUPTED)
     cli_main()
