@@ -35,11 +35,9 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
 
 
 def vllm_available() -> bool:
-    try:
-        import vllm  # noqa: F401
-    except Exception:
-        return False
-    return True
+    """Whether vLLM is installed, without importing it (vLLM and torch take seconds and half a
+    gigabyte to import, which this process never needs: the servers import them)."""
+    return importlib.util.find_spec("vllm") is not None
 
 
 def _tiny_model(factory: pytest.TempPathFactory) -> Path:
@@ -112,8 +110,10 @@ _SHARED_VLLM = _SharedVllm()
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start the shared vLLM server now if a collected test will ask for it (and vLLM is
     installed; without it that test skips)."""
+    if session.config.option.collectonly:
+        return
     wanted = any("vllm_server" in getattr(item, "fixturenames", ()) for item in session.items)
-    if wanted and importlib.util.find_spec("vllm") is not None:
+    if wanted and vllm_available():
         _SHARED_VLLM.start(session.config._tmp_path_factory)  # type: ignore[attr-defined]
 
 
