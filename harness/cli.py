@@ -20,6 +20,7 @@ from harness.lifecycle import plan_suite, reanalyze, run_plan, run_suite
 from harness.outputs import SuiteResult, print_suite
 from harness.runfolder import JUNIT_XML
 from harness.scenario import (
+    MASTER_BIND,
     RunOptions,
     Scenario,
     ScenarioError,
@@ -118,7 +119,7 @@ def run(
         typer.Option(
             help="HOST[:PORT] the masters listen on (group i on PORT+i; port 0: free ports)"
         ),
-    ] = "127.0.0.1:0",
+    ] = MASTER_BIND,
     repeats: Annotated[
         int | None,
         typer.Option(
@@ -379,7 +380,10 @@ def suite_run(
             "incident)"
         ),
     ] = "scenario",
-    model: Annotated[str, typer.Option(help="with --target vllm: the model")] = "models/tiny",
+    model: Annotated[
+        str | None,
+        typer.Option(help="with --target KIND that loads one (vllm): the model [models/tiny]"),
+    ] = None,
     target_url: Annotated[
         str | None, typer.Option(help="run every incident against this running server")
     ] = None,
@@ -408,6 +412,13 @@ def suite_run(
             raise ValueError(f"give --target {target} or --target-url, not both")
         if engine_dir is not None and target_url is None:
             raise ValueError("--engine-dir is for --target-url (a server this run does not start)")
+        if served_model_name is not None and target_url is None:
+            raise ValueError("--served-model-name is for --target-url (the model it serves)")
+        if model is not None and (target_url is not None or target == "scenario"):
+            raise ValueError(
+                "--model is for --target KIND (a server the suite starts for each incident), "
+                + ("not with --target-url" if target_url else "not the incidents' own targets")
+            )
         names = [n.strip() for n in only.split(",") if n.strip()] if only is not None else None
         if names is not None and not names:
             raise ValueError("--only: give incident names, comma-separated")

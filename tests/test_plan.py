@@ -209,6 +209,27 @@ def test_every_pair_composes_or_is_refused_by_name(
     assert not (tmp_path / "out").exists()  # a dry run starts nothing
 
 
+# Options that only mean something beside another: refused alone, by name, not ignored.
+LONE = [
+    (["run"], ["--master-bind", "127.0.0.1:5600"], "--master-bind 127.0.0.1:5600 without"),
+    (["run"], ["--no-baseline"], "--no-baseline with scenario 'compose'"),
+    (["suite", "--target", "sim"], ["--model", "m"], "--model m with --target sim"),
+    (["suite"], ["--model", "m"], "--model is for --target KIND"),
+    (["suite", "--target", "sim"], ["--served-model-name", "x"], "--served-model-name is for"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("command", "args", "named"), LONE, ids=[a[0] for _, a, _ in LONE])
+def test_an_option_that_needs_another_is_refused_alone(
+    command: list[str], args: list[str], named: str, tmp_path: Path
+) -> None:
+    case = Case(tmp_path)
+    if command[0] == "suite":
+        case.incident = True
+    result = CliRunner().invoke(app, [*case.argv(), *command[1:], *args])
+    assert result.exit_code == 2 and named in result.output, result.output
+
+
 def _json(path: Path) -> Any:
     return json.loads(path.read_text())
 

@@ -59,7 +59,7 @@ SCENARIO_TARGET = "scenario"
 def suite_targets() -> list[str]:
     """What ``--target`` takes: ``scenario`` and every target kind that can stand in for an
     incident's target."""
-    kinds = [k for k in TARGETS.kinds() if TARGETS.get(k).for_suite(model="m") is not None]
+    kinds = [k for k in TARGETS.kinds() if TARGETS.get(k).for_suite(model=None) is not None]
     return [SCENARIO_TARGET, *kinds]
 
 
@@ -107,7 +107,7 @@ def retarget(
     *,
     target_url: str | None = None,
     engine_dir: Path | None = None,
-    model: str = "models/tiny",
+    model: str | None = None,
     served_model_name: str | None = None,
 ) -> Scenario:
     """``scenario`` with the suite's target in place of its own (see the module docstring);
@@ -121,8 +121,8 @@ def retarget(
             served_model_name=served_model_name or scenario.target.served_model_name,
             engine_dir=None if engine_dir is None else str(engine_dir),
         )
-    elif target == SCENARIO_TARGET or scenario.target.kind == target:
-        return scenario
+    elif target == SCENARIO_TARGET or (scenario.target.kind == target and model is None):
+        return scenario  # (with --model, an incident of that kind serves that model too)
     else:
         valid = suite_targets()
         new = TARGETS.get(target).for_suite(model=model) if target in TARGETS.kinds() else None
@@ -215,7 +215,7 @@ def plan_suite(
     target_url: str | None = None,
     engine_dir: Path | None = None,
     only: list[str] | None = None,
-    model: str = "models/tiny",
+    model: str | None = None,
     served_model_name: str | None = None,
     options: RunOptions | None = None,
 ) -> list[tuple[Path, Plan]]:

@@ -24,6 +24,7 @@ from harness.scenario._models import (
 from harness.scenario._placement import PlacementConfig
 from harness.scenario._plan import (
     GOODPUT_KEYS,
+    MASTER_BIND,
     Arm,
     Plan,
     PlanKind,
@@ -40,6 +41,7 @@ __all__ = [
     "plan_of_one",
     "make_plan",
     "SweepSettings",
+    "MASTER_BIND",
     "RunOptions",
     "RunEntry",
     "PlanKind",

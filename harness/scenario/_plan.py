@@ -62,6 +62,10 @@ class SweepSettings(_Strict):
     goodput_slo_ms: dict[str, float] = {}
 
 
+MASTER_BIND = "127.0.0.1:0"
+"""Where a group's Locust master listens unless ``--master-bind`` says (any free port)."""
+
+
 class RunOptions(_Strict):
     """What a command adds to a scenario. ``repeats`` replaces the scenario's (``None``: keep
     it); ``baseline`` is the baseline file of relative gates (default
@@ -75,7 +79,7 @@ class RunOptions(_Strict):
     use_baseline: bool = True
     workers: int = Field(0, ge=0)
     remote_workers: int = Field(0, ge=0)
-    master_bind: str = "127.0.0.1:0"
+    master_bind: str = MASTER_BIND
     progress: bool = False
     sweep: SweepSettings | None = None
 
@@ -83,6 +87,11 @@ class RunOptions(_Strict):
     def _one_way_to_baseline(self) -> RunOptions:
         if self.baseline is not None and not self.use_baseline:
             raise ValueError("--baseline and --no-baseline exclude each other")
+        if self.master_bind != MASTER_BIND and not (self.workers or self.remote_workers):
+            raise ValueError(
+                f"--master-bind {self.master_bind} without --workers or --remote-workers: "
+                "only a group's Locust master listens there, and without workers none runs"
+            )
         return self
 
 
@@ -208,6 +217,12 @@ def _check_baseline(scenario: Scenario, options: RunOptions) -> None:
             f"--baseline {options.baseline}",
             f"scenario {scenario.name!r}",
             "no gate of the scenario refers to 'baseline', so nothing would read it",
+        )
+    if not options.use_baseline and not relative:
+        raise _refuse(
+            "--no-baseline",
+            f"scenario {scenario.name!r}",
+            "no gate of the scenario refers to 'baseline', so there is nothing to skip",
         )
     if relative and scenario.proxies and options.use_baseline:
         raise _refuse(

@@ -178,11 +178,12 @@ class TargetConfigBase(StrictOptions):
         raise NotImplementedError
 
     @classmethod
-    def for_suite(cls, *, model: str) -> TargetConfigBase | None:
+    def for_suite(cls, *, model: str | None) -> TargetConfigBase | None:
         """The target ``zerowindow suite run --target KIND`` runs an incident against when the
-        incident's own target is of another kind (``model``: the ``--model`` given), or
-        ``None`` when this kind cannot stand in for an incident's target (it needs options of
-        its own)."""
+        incident's own target is of another kind (``model``: the ``--model`` given, ``None``
+        without one), or ``None`` when this kind cannot stand in for an incident's target (it
+        needs options of its own). Raises :class:`~zwcore.ScenarioError` for a ``model`` the
+        kind has no use for."""
         return None
 
 

@@ -13,6 +13,7 @@ from harness.servers._launched import LaunchedTarget
 from harness.servers._metric_names import MetricNames
 from harness.servers._versions import package_version
 from harness.servers._vllm import VLLM_METRICS
+from zwcore import ScenarioError
 
 
 @TARGETS.register
@@ -36,8 +37,11 @@ class SimTargetConfig(TargetConfigBase):
         return SimTarget(self)
 
     @classmethod
-    def for_suite(cls, *, model: str) -> SimTargetConfig:
-        """The emulator with its defaults (``model`` is not used)."""
+    def for_suite(cls, *, model: str | None) -> SimTargetConfig:
+        """The emulator with its defaults. Raises :class:`~zwcore.ScenarioError` for a
+        ``model``: the emulator loads none."""
+        if model is not None:
+            raise ScenarioError(f"--model {model} with --target sim: the emulator loads no model")
         return cls()
 
 

@@ -79,9 +79,11 @@ class VllmTargetConfig(TargetConfigBase):
         return VllmTarget(self)
 
     @classmethod
-    def for_suite(cls, *, model: str) -> VllmTargetConfig:
-        """vLLM serving ``model`` with :data:`SUITE_ARGS` (the engine probe on)."""
-        return cls(kind="vllm", model=model, served_model_name="tiny", extra_args=SUITE_ARGS)
+    def for_suite(cls, *, model: str | None) -> VllmTargetConfig:
+        """vLLM serving ``model`` (default ``models/tiny``, what ``make`` generates) with
+        :data:`SUITE_ARGS` (the engine probe on)."""
+        return cls(kind="vllm", model=model or "models/tiny", served_model_name="tiny",
+                   extra_args=SUITE_ARGS)  # fmt: skip
 
 
 class VllmTarget(LaunchedTarget):
