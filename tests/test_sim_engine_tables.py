@@ -348,3 +348,23 @@ def test_engine_dir_option(tmp_path: Path) -> None:
     missing = tmp_path / "missing"
     assert sim_main(["--port", "0", "--engine-dir", str(missing)]) == 2
     assert not missing.exists()
+
+
+def test_a_reader_asking_for_a_flush_gets_it_at_once(tmp_path: Path) -> None:
+    """A running engine flushes every interval, and at once when the harness asks (the end of a
+    run against a shared engine): rows up to the moment asked are on disk within a poll or two."""
+    from harness._engine_probe import FLUSH_REQUEST_FILE, EngineTables
+    from harness.collectors._engine_tables import wait_flushed
+
+    tables = EngineTables(tmp_path, flush_interval_s=60.0)
+    try:
+        kv = {"kv_cache_usage": 0.5, "running": 1, "waiting": 0}
+        tables.step(time.monotonic(), **kv, preemptions_total=0, scheduled_tokens=1)
+        t_end = time.monotonic()
+        waited = wait_flushed(tmp_path, t_end, timeout_s=10.0)
+        assert waited < 2.0, waited  # not the 60 s interval
+        assert not (tmp_path / FLUSH_REQUEST_FILE).exists()  # the engine took the request
+        steps = pq.read_table(tmp_path / STEPS_FILE).to_pandas()
+        assert len(steps) == 1 and steps["t"].iloc[0] <= t_end
+    finally:
+        tables.close()

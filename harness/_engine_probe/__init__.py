@@ -8,6 +8,7 @@ pyarrow (and vLLM, for the probe): no other part of the harness is imported.
 
 from harness._engine_probe._tables import (
     ENGINE_DIR_ENV,
+    FLUSH_REQUEST_FILE,
     FLUSHED_FILE,
     PROBE_ERROR,
     REQUEST_SCHEMA,
@@ -24,6 +25,7 @@ from harness._engine_probe._tables import (
 __all__ = [
     "ENGINE_DIR_ENV",
     "PROBE_ERROR",
+    "FLUSH_REQUEST_FILE",
     "FLUSHED_FILE",
     "REQUESTS_FILE",
     "REQUEST_SCHEMA",

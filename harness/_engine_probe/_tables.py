@@ -35,6 +35,11 @@ FLUSHED_FILE = "engine_flushed"
 """Beside the tables: the monotonic time (s, text) up to which every buffered row has been
 written, renewed by each flush, so a reader of a running engine's tables knows when they
 cover a moment (``harness.collectors.collect_engine_tables``)."""
+FLUSH_REQUEST_FILE = "engine_flush_request"
+"""Beside the tables: created by a reader that wants the rows up to now (the harness at the end
+of a run against a running engine); the flushing thread, which looks for it every
+:data:`FLUSH_POLL_S`, removes it and flushes at once instead of at the next interval."""
+FLUSH_POLL_S = 0.05
 
 STEP_SCHEMA = pa.schema([
     ("t", pa.float64()),
@@ -199,13 +204,23 @@ class EngineTables:
             self.on_flush(self)
 
     def _flusher(self) -> None:
-        while not self._stop.wait(self.flush_interval_s):
+        """Flush every ``flush_interval_s``, and at once when a reader asks
+        (:data:`FLUSH_REQUEST_FILE`)."""
+        request = self.steps.path.parent / FLUSH_REQUEST_FILE
+        last = time.monotonic()
+        while not self._stop.wait(FLUSH_POLL_S):
+            asked = request.exists()
+            if not asked and time.monotonic() - last < self.flush_interval_s:
+                continue
             try:
+                if asked:  # before the flush: a request made after it gets the next one
+                    request.unlink(missing_ok=True)
                 self.flush()
             except Exception as exc:  # noqa: BLE001 - reported, never raised into the engine
                 if self.on_error is not None:
                     self.on_error(exc)
                 return
+            last = time.monotonic()
 
     @property
     def closed(self) -> bool:

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from harness._engine_probe import (
+    FLUSH_REQUEST_FILE,
     FLUSHED_FILE,
     REQUEST_SCHEMA,
     REQUESTS_FILE,
@@ -39,6 +40,10 @@ def wait_flushed(engine_dir: Path, t_end: float, *, timeout_s: float = FLUSH_WAI
     waited."""
     t0 = time.monotonic()
     marker = engine_dir / FLUSHED_FILE
+    try:  # ask for a flush now; an engine that does not look flushes at its interval
+        (engine_dir / FLUSH_REQUEST_FILE).touch()
+    except OSError:
+        pass
     while (waited := time.monotonic() - t0) < timeout_s:
         try:
             if float(marker.read_text()) >= t_end:
@@ -80,7 +85,8 @@ def collect_engine_tables(
         if engine_dir.resolve() == run_dir.resolve():
             compact_dataset(steps_path)
             compact_dataset(requests_path)
-            (engine_dir / FLUSHED_FILE).unlink(missing_ok=True)  # the engine has stopped
+            for name in (FLUSHED_FILE, FLUSH_REQUEST_FILE):  # the engine has stopped
+                (engine_dir / name).unlink(missing_ok=True)
             return None
         wait_flushed(engine_dir, time.monotonic() if t_end is None else t_end)
         steps = _read(steps_path, STEP_SCHEMA)
