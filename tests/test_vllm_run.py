@@ -199,7 +199,9 @@ max_tokens = 32
 
 
 def test_killing_vllm_mid_run_keeps_partial_records_and_reason(tiny_model, tmp_path):  # noqa: F811
-    args = ", ".join(f'"{a}"' for a in VLLM_ARGS)
+    # Eager mode: this vLLM is killed after a few requests, so its start need not compile the
+    # model (torch.compile took ~6 s of the ~34 s start here).
+    args = ", ".join(f'"{a}"' for a in [*VLLM_ARGS, "--enforce-eager"])
     scenario = tmp_path / "die.toml"
     scenario.write_text(
         f"""
