@@ -295,7 +295,7 @@ def test_analyze_reproduces_every_aggregate_file(
     folder, _ = composed
     files = [
         "gates.json", "comparison.json", "comparison.md", "none/repeats.json",
-        "none/gates.json", "egress/repeats.json", "egress/gates.json",
+        "none/gates.json", "egress/repeats.json", "egress/gates.json", "plan.json",
     ]  # fmt: skip
     before = {f: (folder / f).read_text() for f in files}
     copy = tmp_path / "copy"

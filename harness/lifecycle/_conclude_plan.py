@@ -187,7 +187,9 @@ def conclude_plan(
     )
     if result.failure is None and result.exit_code:
         result.failure = _why(result)
-    write_json(folder / PLAN_JSON, {**record.as_dict(), "exit_code": result.exit_code})
+    data = record.as_dict()
+    data.pop("exit_code", None)  # last, whether the run or a later analyze writes it
+    write_json(folder / PLAN_JSON, {**data, "exit_code": result.exit_code})
     for warning in write_outputs(Concluded(folder, units)):
         print(warning, file=sys.stderr)
     return result
