@@ -34,6 +34,7 @@ from netem._netns import (
     has_net_admin,
     list_netns,
     netns_pids,
+    process_alive,
     process_start_ticks,
     run_in_netns,
 )
@@ -115,6 +116,7 @@ __all__ = [
     "parse_proc_net_tcp",
     "preset",
     "probe_kernel",
+    "process_alive",
     "process_start_ticks",
     "read_state",
     "remove_resource",

@@ -178,7 +178,7 @@ class FallbackBackend:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, text=True, env=env,
                                 start_new_session=True)
-        reap_on_exit(proc.pid, group=True)  # should the harness die without stopping it
+        reap_on_exit(proc.pid)  # should the harness die without stopping it
         name = f"{proc.pid} {tag}"
         a.s._procs[name] = proc
         a.created("process", name)

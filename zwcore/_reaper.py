@@ -2,16 +2,15 @@
 
 The first :func:`reap_on_exit` of a harness process starts one reaper (this file, run by path
 with the standard library only: ``python -I -S zwcore/_reaper.py``) in a session of its own,
-and keeps the write end of a pipe to its stdin. Each started process is written down as a line
-``g|p PID START_TICKS`` (a process group it leads, or one process; the start time in clock
-ticks after boot, field 22 of ``/proc/PID/stat``, proc(5), so a reused pid is never taken for
-it). The pipe closes when the harness ends, however it ends (SIGKILL, the OOM killer, a CI
-time limit included: the kernel closes a dead process's descriptors; the reaper also checks
-every 0.5 s that the harness still runs, for a child forked without exec that would hold the
-pipe open); the reaper then sends
-SIGTERM to every watched process still alive (for a group, every member started after its
-leader), waits up to :data:`GRACE_S` and sends SIGKILL to what is left. A harness that ended
-normally has stopped everything already and the reaper finds nothing.
+and keeps the write end of a pipe to its stdin. Each started process group is written down as a
+line ``PID START_TICKS`` (its leader; the start time in clock ticks after boot, field 22 of
+``/proc/PID/stat``, proc(5), so a reused pid is never taken for it). The pipe closes when the
+harness ends, however it ends (SIGKILL, the OOM killer, a CI time limit included: the kernel
+closes a dead process's descriptors; the reaper also checks every 0.5 s that the harness still
+runs, for a child forked without exec that would hold the pipe open); the reaper then sends
+SIGTERM to every member of a watched group still alive that started after its leader, waits up
+to :data:`GRACE_S` and sends SIGKILL to what is left. A harness that ended normally has stopped
+everything already and the reaper finds nothing.
 
 The servers, Locust processes and the emulator are started in sessions of their own (so a
 run stops each as a whole group), which is why ``PR_SET_PDEATHSIG`` (prctl(2)) alone would not
@@ -59,9 +58,9 @@ def _stat(pid: int) -> tuple[int, int] | None:
     return int(fields[2]), int(fields[19])
 
 
-def reap_on_exit(pid: int, *, group: bool) -> None:
-    """End ``pid`` (with ``group``: every process of the group it leads) when this process
-    ends, if it still runs then (module docstring). Never raises: a reaper that cannot be
+def reap_on_exit(pid: int) -> None:
+    """End the process group that ``pid`` leads when this process ends, if it still runs then
+    (module docstring). Never raises: a reaper that cannot be
     started leaves the run as it was (the run's own clean-up and ``netem clean`` remain)."""
     global _reaper, _owner_pid
     ticks = start_ticks(pid)
@@ -79,17 +78,16 @@ def reap_on_exit(pid: int, *, group: bool) -> None:
                 )  # fmt: skip
                 _owner_pid = me
             assert _reaper.stdin is not None
-            _reaper.stdin.write(f"{'g' if group else 'p'} {pid} {ticks}\n".encode())
+            _reaper.stdin.write(f"{pid} {ticks}\n".encode())
             _reaper.stdin.flush()
         except (OSError, ValueError):
             pass
 
 
-def _targets(watched: list[tuple[str, int, int]]) -> list[int]:
-    """The pids still alive that ``watched`` names."""
+def _targets(watched: dict[int, int]) -> list[int]:
+    """The pids still alive of the groups ``watched`` names (leader pid -> its start ticks):
+    members that started after their leader."""
     alive: list[int] = []
-    groups = {pid: ticks for kind, pid, ticks in watched if kind == "g"}
-    single = {pid: ticks for kind, pid, ticks in watched if kind == "p"}
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -98,12 +96,12 @@ def _targets(watched: list[tuple[str, int, int]]) -> list[int]:
         if stat is None:
             continue
         pgrp, ticks = stat
-        if single.get(pid) == ticks or (pgrp in groups and ticks >= groups[pgrp]):
+        if pgrp in watched and ticks >= watched[pgrp]:
             alive.append(pid)
     return alive
 
 
-def reap(watched: list[tuple[str, int, int]], grace_s: float = GRACE_S) -> list[int]:
+def reap(watched: dict[int, int], grace_s: float = GRACE_S) -> list[int]:
     """SIGTERM what ``watched`` names and still runs, SIGKILL what is left after ``grace_s``
     seconds. Returns the pids signalled."""
     first = _targets(watched)
@@ -128,7 +126,7 @@ def _main(owner: int, owner_ticks: int) -> None:
     """Read watch lines until the pipe closes or the owner process is gone (a child it forked
     without exec may hold the pipe open after it), then :func:`reap`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the harness's
-    watched: list[tuple[str, int, int]] = []
+    watched: dict[int, int] = {}  # group leader's pid -> its start ticks
     pending = b""
     fd = sys.stdin.fileno()
     while True:
@@ -138,8 +136,8 @@ def _main(owner: int, owner_ticks: int) -> None:
             pending += data
             *lines, pending = pending.split(b"\n")
             for line in lines:
-                kind, pid, ticks = line.split()
-                watched.append((kind.decode(), int(pid), int(ticks)))
+                pid, ticks = line.split()
+                watched[int(pid)] = int(ticks)
         elif data == b"" or start_ticks(owner) != owner_ticks:
             break
     reap(watched)

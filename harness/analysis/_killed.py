@@ -9,7 +9,7 @@ from typing import Any
 
 from harness.analysis._tables import load_records
 from harness.runfolder import RUN_JSON, records_files
-from netem import process_start_ticks
+from netem import process_alive
 from zwcore import RunFolderError
 
 
@@ -22,7 +22,7 @@ def killed_run_end(run_dir: Path, info: dict[str, Any], groups: list[str]) -> tu
     ``harness``: pid and start time in clock ticks, proc(5)) still runs."""
     owner = info.get("harness") or {}
     pid = owner.get("pid")
-    if pid is not None and process_start_ticks(int(pid)) == owner.get("start_ticks"):
+    if pid is not None and process_alive(int(pid), owner.get("start_ticks")):
         raise RunFolderError(
             f"{run_dir / RUN_JSON}: the run is still running (pid {pid}); analyse it once it ended"
         )

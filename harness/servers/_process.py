@@ -49,7 +49,7 @@ def start_process(
     finally:
         if own is not None:
             os.sched_setaffinity(0, own)
-    reap_on_exit(proc.pid, group=True)  # should the harness die without stopping it
+    reap_on_exit(proc.pid)  # should the harness die without stopping it
     return proc
 
 
