@@ -36,6 +36,7 @@ from ._arrivals import (
     RateArrivals,
 )
 from ._client import stream_request
+from ._clock import ClockEstimate, clock_estimates, to_harness_clock
 from ._config import SATURATION_ENV, GroupRunConfig, UserGroupConfig
 from ._lengths import (
     LENGTHS,
@@ -55,7 +56,7 @@ from ._sockets import TCP_CLOSE, TCP_CLOSE_WAIT, peer_cut, tcp_state
 from ._sse import SSEDecoder, SSEEvent
 from ._tail import LineTail
 from ._trace_formats import TRACE_FORMATS, TraceError, TraceFormat
-from ._traces import TraceArrivals, read_trace
+from ._traces import PlannedArrivals, TraceArrivals, read_trace
 from ._vanish import VANISH_TABLE_ENV, VanishError
 from ._workers import (
     WORKER_DIR_ENV,
@@ -92,6 +93,9 @@ _LAZY = {
 }
 
 __all__ = [
+    "ClockEstimate",
+    "clock_estimates",
+    "to_harness_clock",
     "ACTIONS",
     "ARRIVALS",
     "ArrivalBase",
@@ -103,6 +107,7 @@ __all__ = [
     "PoissonArrivals",
     "OpenLoopUser",
     "TRACE_FORMATS",
+    "PlannedArrivals",
     "TraceArrivals",
     "TraceError",
     "TraceFormat",

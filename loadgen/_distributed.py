@@ -12,7 +12,10 @@ things Locust does not do are added here, with Locust's own custom messages
   to its records and saturation files to the master, which appends them to the same file
   names in the run folder. Lines are forwarded every ``forward_interval_s`` and right before
   each of the worker's statistics reports, so the master has all records of a worker before
-  it sees that worker's users stopped.
+  it sees that worker's users stopped;
+- the master measures each forwarding worker's clock against its own (the harness's), in
+  bursts of pings (``loadgen._clock``), and logs every answer, so that the worker's records can
+  be moved onto the harness's clock.
 
 Importing this module imports Locust (and gevent's monkey-patching).
 """
@@ -32,6 +35,7 @@ import gevent
 from locust.env import Environment
 from locust.runners import STATE_MISSING, MasterRunner, WorkerRunner
 
+from . import _clock
 from ._tail import LineTail
 from ._workers import FILE_KINDS, WorkerIdentity, group_file, valid_worker_name, workers_log
 
@@ -49,8 +53,9 @@ def collect_on_master(
     Each log line is ``{"t": <monotonic s>, "event": E, "client_id": ..., ...}`` with ``E`` one
     of ``connected``, ``hello`` (with ``worker``, ``host``, ``pid``, ``forward``), ``missing``
     (no heartbeat for 3 s), ``back`` (heartbeats again), ``left`` (gone from the master's
-    list), ``lines`` is not logged; ``end`` (at quitting: ``workers`` maps every known
-    client id to its state).
+    list), ``clock`` (a forwarding worker's answer to a clock ping: ``burst``, ``offset_s``,
+    ``rtt_s``, see ``loadgen._clock``), ``lines`` is not logged; ``end`` (at quitting:
+    ``workers`` maps every known client id to its state).
     """
     runner = environment.runner
     if not isinstance(runner, MasterRunner):
@@ -58,6 +63,7 @@ def collect_on_master(
     master = _MasterCollector(runner, run_dir=run_dir, group=group)
     runner.register_message(HELLO, master.on_hello)
     runner.register_message(LINES, master.on_lines)
+    runner.register_message(_clock.PONG, master.on_pong)
     environment.events.worker_connect.add_listener(
         lambda client_id, **_kw: master.log("connected", client_id)
     )
@@ -65,6 +71,7 @@ def collect_on_master(
 
     def on_quitting(**_kwargs: Any) -> None:
         watcher.kill(block=True)
+        gevent.killall(list(master.pingers), block=True)
         master.close()
 
     environment.events.quitting.add_listener(on_quitting)
@@ -83,6 +90,7 @@ class _MasterCollector:
         self.log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self.names: dict[str, str] = {}  # client id: worker name
         self.files: dict[tuple[str, str], int] = {}  # (file kind, worker name): descriptor
+        self.pingers: list[gevent.Greenlet] = []
 
     def log(self, event: str, client_id: str | None, **fields: Any) -> None:
         """Append one line to the workers' log."""
@@ -102,6 +110,32 @@ class _MasterCollector:
         self.names[msg.node_id] = name
         self.log("hello", msg.node_id, worker=name, host=data.get("host"), pid=data.get("pid"),
                  forward=bool(data.get("forward")))  # fmt: skip
+        if data.get("forward"):  # on another machine, or at least another clock
+            self.pingers.append(gevent.spawn(self.ping, msg.node_id))
+
+    def ping(self, client_id: str) -> None:
+        """Send ``client_id`` a burst of clock pings now and every ``BURST_INTERVAL_S``, for
+        as long as the master knows it (the greenlet is killed at quitting)."""
+        burst = 0
+        while client_id in self.runner.clients:
+            for _ in range(_clock.PINGS_PER_BURST):
+                self.runner.send_message(
+                    _clock.PING, _clock.ping(burst, time.monotonic()), client_id=client_id
+                )
+                gevent.sleep(_clock.PING_SPACING_S)
+            burst += 1
+            gevent.sleep(_clock.BURST_INTERVAL_S)
+
+    def on_pong(self, msg: Any, **_kwargs: Any) -> None:
+        """A worker answered a clock ping: log the sample (offset and round trip)."""
+        t1 = time.monotonic()
+        try:
+            measured = _clock.sample(msg.data or {}, t1)
+        except (KeyError, TypeError, ValueError):
+            logger.warning("discarded a malformed clock answer from %s", msg.node_id)
+            return
+        if msg.node_id in self.names:
+            self.log(_clock.CLOCK_EVENT, msg.node_id, **measured)
 
     def on_lines(self, msg: Any, **_kwargs: Any) -> None:
         """Append the lines an announced worker forwarded to its file of their kind."""
@@ -155,6 +189,12 @@ def announce_and_forward(
     runner = environment.runner
     if not isinstance(runner, WorkerRunner):
         return
+    runner.register_message(
+        _clock.PING,
+        lambda msg, **_kw: runner.send_message(
+            _clock.PONG, _clock.pong(msg.data or {}, time.monotonic())
+        ),
+    )
     runner.send_message(
         HELLO,
         {"worker": worker.name, "host": socket.gethostname(), "pid": os.getpid(),

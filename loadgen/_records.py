@@ -76,6 +76,9 @@ class RequestRecord:
     closed loop); ``t_send - t_scheduled`` is the client's send lag; ``schedule_index`` the
     request's position in the whole schedule (every load process sending a share of it).
     ``behaviour`` names the client-mix entry the request was drawn as (``None`` without a mix).
+    ``clock_bound_ms`` is set by the harness, never by the client: for a record of a worker on
+    another clock, moved onto the harness's (``loadgen._clock``), how far its times may be off
+    against the harness's and the engine's (ms); ``None`` for a process on the harness's clock.
     """
 
     request_id: str
@@ -112,6 +115,7 @@ class RequestRecord:
     t_scheduled: float | None = None
     schedule_index: int | None = None
     behaviour: str | None = None
+    clock_bound_ms: float | None = None
 
     @property
     def ttft_ms(self) -> float | None:

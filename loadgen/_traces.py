@@ -18,9 +18,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ._arrivals import ARRIVALS, ArrivalBase, PlannedRequest
+from ._config import ClientMixEntry
 from ._trace_formats import MOONCAKE_BLOCK_TOKENS, TRACE_FORMATS, TimeUnit, TraceError
 
 _BUILT_IN_FORMATS = ", ".join(TRACE_FORMATS.kinds())
@@ -90,6 +91,69 @@ class TraceArrivals(ArrivalBase):
             )
             for r in window
         ]
+
+
+class PlannedEntry(BaseModel):
+    """One request of a ``planned`` arrival (the fields of a trace's request)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    offset_s: float = Field(ge=0, description="when it is sent, from the first request (s)")
+    prompt_tokens: int | None = Field(None, ge=1, description="default: the group's")
+    max_tokens: int | None = Field(None, ge=1, description="default: the group's")
+    prefix_blocks: tuple[int, ...] = Field(
+        (), description="ids of the prompt's blocks: requests sharing leading ids share a prefix"
+    )
+    behaviour: ClientMixEntry | None = Field(
+        None, description="how its client reads and acts (default: the group's)"
+    )
+    block_tokens: int = Field(MOONCAKE_BLOCK_TOKENS, ge=1, description="tokens per prefix block")
+
+
+@ARRIVALS.register
+class PlannedArrivals(ArrivalBase):
+    """Requests planned elsewhere and carried whole (``requests``, in send order): what a trace
+    group becomes in the locustfile its Locust master sends its workers, so that a worker on
+    another machine, which cannot read the trace file, replays the same plan. ``source`` says
+    what it was planned from."""
+
+    kind: Literal["planned"] = "planned"
+    requests: list[PlannedEntry] = Field(description="the requests, offsets ascending")
+    source: str = Field("", description="what the plan was made from (a trace file)")
+
+    @field_validator("requests")
+    @classmethod
+    def _in_send_order(cls, requests: list[PlannedEntry]) -> list[PlannedEntry]:
+        for i in range(1, len(requests)):
+            if requests[i].offset_s < requests[i - 1].offset_s:
+                raise ValueError(f"request {i} is sent before request {i - 1}: sort by offset_s")
+        return requests
+
+    @classmethod
+    def from_trace(cls, trace: TraceArrivals, seed: int) -> PlannedArrivals:
+        """``trace``'s plan, read here. Raises :class:`TraceError` for an unreadable trace."""
+        entries = [
+            PlannedEntry(
+                offset_s=p.offset_s, prompt_tokens=p.prompt_tokens, max_tokens=p.max_tokens,
+                prefix_blocks=p.prefix_blocks, behaviour=p.behaviour, block_tokens=p.block_tokens,
+            )
+            for p in trace.plan(seed)
+        ]  # fmt: skip
+        return cls(
+            requests=entries,
+            source=f"{trace.format} trace {trace.path}",
+            max_concurrency=trace.max_concurrency,
+        )
+
+    def plan(self, seed: int) -> list[PlannedRequest]:
+        """The carried requests (``seed`` is not used: the plan is made)."""
+        return [
+            PlannedRequest(
+                e.offset_s, e.prompt_tokens, e.max_tokens, e.prefix_blocks, e.behaviour,
+                e.block_tokens,
+            )
+            for e in self.requests
+        ]  # fmt: skip
 
 
 def read_trace(path: Path, fmt: str, time_unit: TimeUnit | None = None) -> list[PlannedRequest]:

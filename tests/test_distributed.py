@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -26,6 +27,7 @@ from harness.lifecycle._distributed import (
 )
 from harness.scenario import RunOptions, Scenario, load_scenario, make_plan
 from loadgen import group_file, group_files, worker_of, workers_log
+from netem import has_net_admin
 from tests.conftest import REPO, ZEROWINDOW, only_run_dir
 from zwcore import ScenarioError
 
@@ -170,46 +172,158 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_remote_worker_forwards_its_records_to_the_run_folder(tmp_path: Path) -> None:
-    scenario = tmp_path / "dist.toml"
-    scenario.write_text(
-        _to_toml(sim_scenario(users=4, requests_per_user=4, max_tokens=24, step_ms=2.0))
+AHEAD_S = 1000.0  # the remote worker's clock: this far ahead of the harness's
+# An open-loop trace of 16 requests, 60 ms apart, that two workers share.
+TRACE_SCENARIO = """
+name = "dist"
+max_duration_s = 90
+cooldown_s = 0.5
+[target]
+kind = "sim"
+host = "{host}"
+[target.engine]
+step_fixed_ms = 2.0
+decode_ms_per_seq = 0.05
+num_blocks = 1024
+max_num_seqs = 64
+[[groups]]
+name = "fast"
+arrival = {{ kind = "trace", format = "mooncake", path = "{trace}" }}
+"""
+_NS_ADDR, _HARNESS_ADDR = "198.19.254.2", "198.19.254.1"  # a /30 of the benchmark range
+
+
+def _own_clock_and_network() -> list[str] | None:
+    """A command prefix that runs a program in a network namespace of its own (a veth pair to
+    this one: it is at 198.19.254.2, this namespace at .1) and a time namespace whose
+    CLOCK_MONOTONIC is AHEAD_S ahead (time_namespaces(7), ``unshare --time --monotonic``);
+    None where this machine cannot (no CAP_NET_ADMIN, no time namespaces)."""
+    if not has_net_admin() or shutil.which("ip") is None:
+        return None
+    probe = subprocess.run(
+        ["unshare", "--time", "--monotonic", str(int(AHEAD_S)), "true"], capture_output=True
     )
-    out, remote_out = tmp_path / "out", tmp_path / "remote"
-    port = _free_port()
-    run = subprocess.Popen(
-        [*ZEROWINDOW, "run", str(scenario), "--workers", "1", "--remote-workers", "1",
-         "--master-bind", f"127.0.0.1:{port}", "--out", str(out)],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    worker = subprocess.Popen(
-        [*ZEROWINDOW, "worker", "--master", f"127.0.0.1:{port}", "--out", str(remote_out),
-         "--name", "r1"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+    if probe.returncode != 0:
+        return None
+    ns, tag = f"zwtest-clock-{os.getpid()}", f"zwtc{os.getpid() % 100000}"
+    for cmd in (
+        f"ip netns add {ns}",
+        f"ip link add {tag}a type veth peer name {tag}b",
+        f"ip link set {tag}b netns {ns}",
+        f"ip addr add {_HARNESS_ADDR}/30 dev {tag}a",
+        f"ip link set {tag}a up",
+        f"ip -n {ns} addr add {_NS_ADDR}/30 dev {tag}b",
+        f"ip -n {ns} link set {tag}b up",
+        f"ip -n {ns} link set lo up",
+    ):
+        subprocess.run(cmd.split(), check=True, capture_output=True)
+    return ["ip", "netns", "exec", ns, "unshare", "--time", "--monotonic", str(int(AHEAD_S))]
+
+
+def _remove_own_network() -> None:
+    ns, tag = f"zwtest-clock-{os.getpid()}", f"zwtc{os.getpid() % 100000}"
+    subprocess.run(["ip", "link", "del", f"{tag}a"], capture_output=True)
+    subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def test_a_remote_worker_on_its_own_clock_joins_the_harness_clock(tmp_path: Path) -> None:
+    """A remote worker (``zerowindow worker``) in a network namespace and a time namespace of
+    its own, its CLOCK_MONOTONIC 1,000 s ahead, shares a trace's open-loop schedule with a
+    local worker: the plan reaches it through the master, its records reach the run folder
+    the same way, its clock is measured, and its requests land on the harness's clock: each
+    joins its engine record in causal order, as a local worker's do. Where the machine has no
+    namespaces, the worker runs beside the harness (the rest is still tested)."""
+    prefix = _own_clock_and_network()
     try:
-        output, _ = run.communicate(timeout=120)
-        worker_output, _ = worker.communicate(timeout=30)
+        address = _HARNESS_ADDR if prefix else "127.0.0.1"
+        trace = tmp_path / "trace.jsonl"
+        trace.write_text("".join(
+            json.dumps({"timestamp": 60 * i, "input_length": 8, "output_length": 24}) + "\n"
+            for i in range(16)
+        ))  # fmt: skip
+        scenario = tmp_path / "dist.toml"
+        scenario.write_text(TRACE_SCENARIO.format(host=address, trace=trace))
+        out, remote_out = tmp_path / "out", tmp_path / "remote"
+        port = _free_port()
+        run = subprocess.Popen(
+            [*ZEROWINDOW, "run", str(scenario), "--workers", "1", "--remote-workers", "1",
+             "--master-bind", f"{address}:{port}", "--out", str(out), "--no-progress"],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        worker = subprocess.Popen(
+            [*(prefix or []), *ZEROWINDOW, "worker", "--master", f"{address}:{port}",
+             "--out", str(remote_out), "--name", "r1"],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        try:
+            output, _ = run.communicate(timeout=120)
+            worker_output, _ = worker.communicate(timeout=30)
+        finally:
+            for p in (run, worker):
+                if p.poll() is None:
+                    p.kill()
     finally:
-        for p in (run, worker):
-            if p.poll() is None:
-                p.kill()
+        if prefix:
+            _remove_own_network()
     assert run.returncode == 0, output
     assert worker.returncode == 0, worker_output
     run_dir = only_run_dir(out)
     forwarded = group_file(run_dir, "records", "fast", "r1")
     local_copy = group_file(remote_out, "records", "fast", "r1")
     assert forwarded.read_text() == local_copy.read_text() != ""
-    requests = pd.read_parquet(run_dir / "requests.parquet")
-    assert len(requests) == 16 and requests["request_id"].is_unique
+    assert group_file(run_dir, "saturation", "fast", "r1").read_text().count("\n") >= 1
     assert locust_e2e_count(run_dir, "fast") == 16
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert {(w["worker"], w["status"]) for w in summary["load_workers"]} == {
+    workers = {w["worker"]: w for w in summary["load_workers"]}
+    assert {(n, w["status"]) for n, w in workers.items()} == {
         ("w1", "finished"),
         ("r1", "finished"),
     }
-    # The remote worker's saturation samples reached the run folder too.
-    assert group_file(run_dir, "saturation", "fast", "r1").read_text().count("\n") >= 1
+    # The local worker shares the harness's clock; the remote one's was measured.
+    assert workers["w1"]["clock"] is None
+    clock = workers["r1"]["clock"]
+    assert clock["samples"] >= 5 and 0 < clock["bound_ms"] < 50, clock
+    ahead = AHEAD_S if prefix else 0.0
+    assert abs(clock["offset_s"] - ahead) <= clock["bound_ms"] / 1000 + 1e-4, clock
+    assert summary["clock_bound_ms"] == clock["bound_ms"]
+    kv_held = summary["verdicts"]["kv_held_by_undelivered_streams"]
+    assert kv_held["clock_bound_ms"] == clock["bound_ms"]
+    assert f"(remote workers' clocks within {clock['bound_ms']:.3f} ms)" in kv_held["line"]
+    assert f"worker r1 of group fast: clock {clock['offset_s']:+.6f} s" in output
+    # Every request joined its engine record, in causal order within the bound: the engine
+    # saw it after the client sent it, and made each token before the client read it.
+    requests = pd.read_parquet(run_dir / "requests.parquet")
+    assert len(requests) == 16 and requests["request_id"].is_unique
+    assert requests["engine_request_id"].notna().all()
+    remote = requests["clock_bound_ms"].notna()
+    assert remote.sum() == workers["r1"]["requests_recorded"] > 0
+    assert workers["w1"]["requests_recorded"] > 0
+    # The trace's plan, split between the workers: each request once, each sent on time.
+    assert sorted(requests["schedule_index"]) == list(range(16))
+    assert (requests["send_lag_ms"] < 500).all(), requests["send_lag_ms"].describe()
+    assert (requests["outcome"] == "complete").all()
+    # The saturation guard's verdict covers both workers.
+    sampled = {p["group"] for p in summary["client_saturation"]["processes"]}
+    assert sampled == {"fast@w1", "fast@r1"}
+    slack_s = requests["clock_bound_ms"].fillna(0.0) / 1000 + 1e-4
+    assert (requests["t_engine_arrival"] >= requests["t_send"] - slack_s).all()
+    assert (requests["t_engine_first_token"] <= requests["t_first_token"] + slack_s).all()
+    assert (requests["t_generation_end"] <= requests["t_last_byte"] + slack_s).all()
+    # From send to the engine's arrival: the same for both workers, but for the bound and
+    # the machine's noise.
+    transit_ms = (requests["t_engine_arrival"] - requests["t_send"]) * 1000
+    local_ms, remote_ms = transit_ms[~remote].median(), transit_ms[remote].median()
+    assert abs(remote_ms - local_ms) <= clock["bound_ms"] + 20, (local_ms, remote_ms)
+    # The figures are drawn from the folder alone: analyze gives the same ones.
+    again = subprocess.run(
+        [*ZEROWINDOW, "analyze", str(run_dir)], cwd=REPO, capture_output=True, text=True
+    )
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert (
+        json.loads((run_dir / "summary.json").read_text())["load_workers"]
+        == summary["load_workers"]
+    )
+    assert pd.read_parquet(run_dir / "requests.parquet").equals(requests)
 
 
 def test_distribution_settings_are_checked() -> None:

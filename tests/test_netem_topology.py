@@ -21,6 +21,8 @@ import pandas as pd
 import pytest
 from pyroute2 import IPRoute
 
+from harness.lifecycle._netrun import RunNetwork
+from harness.scenario import load_scenario
 from netem import NetemPermissionError, NetemState, Topology, clean, has_net_admin, read_state
 from netem._netns import create_netns, list_netns, netns_pids, run_in_netns
 from tests.conftest import REPO, run_cli
@@ -267,9 +269,10 @@ def test_shaped_run_on_the_sim_target(tmp_path: Path):
 
 
 @needs_net_admin
-def test_sigkilled_run_is_cleaned_by_netem_clean(tmp_path: Path):
-    """SIGKILL the harness while the load runs behind a shaped link, then `netem clean`
-    leaves no namespace, link, qdisc, nftables table or process of that run."""
+def test_sigkilled_run_is_cleaned_by_the_next_run(tmp_path: Path):
+    """SIGKILL the harness while the load runs behind a shaped link: its processes end with
+    it, and the next run's network removes its namespaces, links and qdiscs before building
+    its own, leaving nothing for `netem clean`."""
     scenario = tmp_path / "shaped-sim.toml"
     scenario.write_text(SHAPED_SIM.replace("measure_udp_packets = 200", "measure = false"))
     out = tmp_path / "out"
@@ -315,6 +318,15 @@ def test_sigkilled_run_is_cleaned_by_netem_clean(tmp_path: Path):
         time.sleep(0.1)
     assert pids and not [p for p in pids if _alive(p)], state["resources"]
 
+    following = RunNetwork(load_scenario(scenario))
+    (tmp_path / "next").mkdir()
+    try:
+        following.setup(tmp_path / "next")
+        assert run_leftovers(run_id) == {"netns": [], "links": []}
+    finally:
+        following.teardown(tmp_path / "next")
+    removed = following.describe()["removed_at_start"]
+    assert any(f"zw-{run_id}-" in r for r in removed), removed
     done = subprocess.run(
         [sys.executable, "-m", "harness", "netem", "clean", "--results", str(out),
          "--run-id", run_id],

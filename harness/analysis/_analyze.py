@@ -34,7 +34,7 @@ from harness.analysis._summary import (
     summarize_requests,
     summarize_server,
 )
-from harness.analysis._tables import chunks_frame, load_records, requests_frame
+from harness.analysis._tables import chunks_frame, requests_frame
 from harness.analysis._verdicts import engine_costs, kv_held_verdict
 from harness.collectors import SOCKET_COLUMNS
 from harness.runfolder import (
@@ -54,7 +54,7 @@ from harness.runfolder import (
     kept_plugins,
     read_json,
     read_parquet,
-    records_files,
+    run_records,
     saturation_files,
     write_json,
     write_parquet,
@@ -241,7 +241,7 @@ def analyze(run_dir: Path, facts: RunFacts | None = None) -> Analysis:
     scenario = facts.scenario
     metrics, sockets = _metrics(run_dir), _sockets(run_dir)
     groups = [g.name for g in scenario.groups]
-    records = load_records(p for g in groups for p in records_files(run_dir, g))
+    records = run_records(run_dir, groups)
     # Requests meet the server on the client-facing port (the proxy's, if any).
     client_sockets = sockets[sockets["local_port"] == facts.client_port]
     chunks = chunks_frame(records)
@@ -266,11 +266,14 @@ def analyze(run_dir: Path, facts: RunFacts | None = None) -> Analysis:
     if status == "complete" and (reason := all_requests_failed(requests)):
         status, failure = "failed", reason
     proxy_rows: list[dict[str, Any]] = read_parquet(run_dir / PROXY).to_dict("records")  # type: ignore[assignment]
-    verdicts = {
-        "kv_held_by_undelivered_streams": combine_verdicts(
-            engine_verdict, verdict.as_dict(), no_engine
-        )
-    }
+    kv_held = combine_verdicts(engine_verdict, verdict.as_dict(), no_engine)
+    clock_bound_ms = max(
+        (w.clock.bound_ms for w in facts.load_workers if w.clock is not None), default=None
+    )
+    if clock_bound_ms is not None:  # it compares clients' moments with the engine's
+        kv_held["clock_bound_ms"] = clock_bound_ms
+        kv_held["line"] += f" (remote workers' clocks within {clock_bound_ms:.3f} ms)"
+    verdicts = {"kv_held_by_undelivered_streams": kv_held}
     send_q = load_sockets.groupby("t")["send_q_bytes"].sum() if len(load_sockets) else None
     costs = engine_costs(server.model_dump(), 0.0 if send_q is None else float(send_q.max()))
     if costs is not None:
@@ -293,6 +296,7 @@ def analyze(run_dir: Path, facts: RunFacts | None = None) -> Analysis:
         proxy=proxy_summary(facts.proxy_name, facts.proxy_kind, proxy_rows),
         stalled_flows=facts.stalled_flows,
         load_workers=facts.load_workers,
+        clock_bound_ms=clock_bound_ms,
         matrix=matrix_cells(scenario.matrix, requests, chunks) if scenario.matrix else [],
     )
     return Analysis(summary=summary, requests=requests, chunks=chunks)

@@ -5,7 +5,10 @@ The engine (vLLM through the probe, the emulator) writes ``engine_requests.parqu
 client record whose stream it served: vLLM's engine request id begins with the stream's ``id``
 (``cmpl-<X-Request-Id>``) followed by ``-<choice>-<suffix>`` (vllm/entrypoints/openai/
 completion/serving.py; the suffix is added by the engine client). Times on both sides are
-CLOCK_MONOTONIC seconds of the same machine.
+CLOCK_MONOTONIC seconds of the same machine, or, for a worker on another clock, its records
+moved onto the harness's (``loadgen._clock``) within ``clock_bound_ms``: a figure that compares
+such a client's time with the engine's is not drawn where the bound leaves it undecided
+(:func:`beyond_clock_bound`, and undelivered tokens that the bound could change).
 """
 
 from __future__ import annotations
@@ -66,6 +69,14 @@ def received_by(chunks: pd.DataFrame, moments: pd.Series) -> tuple[pd.Series, pd
     return got["tokens"], got["bytes"]
 
 
+def beyond_clock_bound(ms: pd.Series, bound_ms: pd.Series) -> pd.Series:
+    """``ms`` (a difference between a client's time and the engine's, per request) where its
+    size exceeds the request's clock bound (``clock_bound_ms``, NaN on the harness's clock),
+    NaN where it does not: such a difference says nothing the clocks can tell apart."""
+    undecided = bound_ms.notna() & (ms.abs() <= bound_ms)
+    return ms.where(~undecided)
+
+
 def join_engine(
     requests: pd.DataFrame, chunks: pd.DataFrame, engine: pd.DataFrame
 ) -> tuple[pd.DataFrame, int]:
@@ -116,7 +127,8 @@ def join_engine(
     )
     complete = out["outcome"] == "complete"
     lag = (out["t_last_byte"] - out["t_generation_end"]) * 1000.0
-    out["delivery_lag_ms"] = lag.where(complete)
+    bound_ms = out["clock_bound_ms"] if "clock_bound_ms" in out else pd.Series(np.nan, out.index)
+    out["delivery_lag_ms"] = beyond_clock_bound(lag.where(complete), bound_ms)
     out["kv_held_after_generation_ms"] = (out["t_kv_freed"] - out["t_generation_end"]) * 1000.0
     generated = out["engine_output_tokens"].astype(float).to_numpy()
     tokens = chunks.groupby("request_id")["tokens"].sum() if len(chunks) else pd.Series(dtype=float)
@@ -124,13 +136,27 @@ def join_engine(
     per_token = (wire / tokens.replace(0, np.nan)).reindex(idx).to_numpy()
     fallback = float(wire.sum() / tokens.sum()) if len(tokens) and tokens.sum() else np.nan
     per_token = np.where(np.isnan(per_token), fallback, per_token)
+    bound_s = bound_ms.fillna(0.0).to_numpy() / 1000.0
     for moment, name in ((gen_end, "generation_end"), (freed, "kv_free")):
-        got_tokens, _ = received_by(chunks, moment.dropna())
-        received = got_tokens.reindex(idx).to_numpy()
+        received = _received(chunks, moment, idx, 0.0)
+        if bound_s.any():  # a count the clocks' bound could change is not drawn
+            early = _received(chunks, moment, idx, -bound_s)
+            late = _received(chunks, moment, idx, bound_s)
+            received = np.where(early == late, received, np.nan)
         undelivered = np.clip(generated - received, 0, None)
         out[f"undelivered_tokens_at_{name}"] = undelivered
         out[f"undelivered_bytes_at_{name}"] = undelivered * per_token
     return out, unjoined
+
+
+def _received(chunks: pd.DataFrame, moments: pd.Series, idx: pd.Series, shift_s: Any) -> Any:
+    """Tokens each request of ``idx`` had received by its moment plus ``shift_s`` (s, a
+    number or one per request), as an array in the order of ``idx``."""
+    at = moments.reindex(idx).to_numpy() + shift_s
+    shifted = pd.Series(at, index=idx.to_numpy()).dropna()
+    shifted = shifted[~shifted.index.duplicated()]
+    got_tokens, _ = received_by(chunks, shifted)
+    return got_tokens.reindex(idx).to_numpy()
 
 
 def _spans(starts: Any, ends: Any) -> list[tuple[float, float]]:

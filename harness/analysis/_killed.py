@@ -7,8 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from harness.analysis._tables import load_records
-from harness.runfolder import RUN_JSON, records_files
+from harness.runfolder import RUN_JSON, run_records
 from netem import process_alive
 from zwcore import RunFolderError
 
@@ -27,7 +26,7 @@ def killed_run_end(run_dir: Path, info: dict[str, Any], groups: list[str]) -> tu
             f"{run_dir / RUN_JSON}: the run is still running (pid {pid}); analyse it once it ended"
         )
     start = (info.get("clock") or {}).get("monotonic_at_start_s")
-    records = load_records(p for g in groups for p in records_files(run_dir, g))
+    records = run_records(run_dir, groups)
     times = [t for r in records for t in (r.t_end, r.t_last_byte, r.t_send) if t is not None]
     duration = max(0.0, max(times) - float(start)) if times and start is not None else 0.0
     failure = (

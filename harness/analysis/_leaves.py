@@ -9,7 +9,8 @@ leave, or where the engine's side is unknown):
 - ``leave_phase``: where the engine had the request then, from its own records:
   ``queued`` (not yet scheduled), ``prefill`` (scheduled, no token yet), ``decode``
   (generating), ``finished`` (generation had ended), ``frontend`` (the engine never had it:
-  the server's front-end dropped it first, or refused it); ``None`` without engine records;
+  the server's front-end dropped it first, or refused it); ``None`` without engine records,
+  or for a client on another clock whose bound (``clock_bound_ms``) straddles a phase's edge;
 - ``leave_to_abort_ms``: from leaving to the engine's abort (``t_engine_abort``: the engine's
   own record when it wrote one, else the estimate from the scraped counters); NaN if the
   engine did not abort the request (it finished it, or never did within the run);
@@ -61,9 +62,9 @@ def leave_summary(gone: pd.DataFrame) -> dict[str, Any]:
     }
 
 
-def _phases(out: pd.DataFrame) -> pd.Series:
-    """``leave_phase`` of each row of ``out`` (see the module docstring)."""
-    t = out["t_leave"]
+def _phases(out: pd.DataFrame, t: pd.Series) -> pd.Series:
+    """``leave_phase`` of each row of ``out`` had its client left at ``t`` (monotonic s; see
+    the module docstring)."""
     engine_seen = bool(out["engine_request_id"].notna().any())  # the engine's records joined
     scheduled, first = out["t_engine_first_scheduled"], out["t_engine_first_token"]
     ended = out["t_generation_end"]
@@ -82,7 +83,13 @@ def leave_figures(requests: pd.DataFrame, chunks: pd.DataFrame) -> pd.DataFrame:
     out = requests.copy()
     left = out["action"] == "leave"
     out["t_leave"] = out["t_action"].where(left).astype(float)
-    out["leave_phase"] = _phases(out)
+    out["leave_phase"] = _phases(out, out["t_leave"])
+    if "clock_bound_ms" in out and out["clock_bound_ms"].notna().any():
+        # A client on another clock: a phase the clocks' bound could change is not drawn.
+        bound_s = out["clock_bound_ms"].fillna(0.0) / 1000.0
+        early = _phases(out, out["t_leave"] - bound_s)
+        late = _phases(out, out["t_leave"] + bound_s)
+        out["leave_phase"] = out["leave_phase"].where(early.eq(late), None)
     abort = out["t_engine_abort"] if "t_engine_abort" in out else np.nan
     out["leave_to_abort_ms"] = (abort - out["t_leave"]) * 1000.0
     out["leave_to_kv_free_ms"] = (out["t_kv_freed"] - out["t_leave"]) * 1000.0

@@ -6,14 +6,12 @@ The run folder keeps them as Parquet (``requests.parquet``, ``chunks.parquet``,
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from harness.analysis._latency import tpot
-from loadgen import RequestRecord, read_records
+from loadgen import RequestRecord
 
 REQUEST_COLUMNS = [
     "request_id", "group", "user_class", "network_profile", "endpoint", "outcome",
@@ -25,7 +23,7 @@ REQUEST_COLUMNS = [
     "server_send_q_peak_bytes", "server_rwnd_limited_ms", "server_sndbuf_limited_ms",
     "server_retransmits", "stream_id", "timestamps", "read_lag_max_ms",
     "t_scheduled", "schedule_index", "send_lag_ms", "ttft_from_scheduled_ms",
-    "e2e_from_scheduled_ms", "behaviour",
+    "e2e_from_scheduled_ms", "behaviour", "clock_bound_ms",
 ]  # fmt: skip
 # Per-request figures from the server's socket samples: column -> (sockets column, aggregate).
 SERVER_SOCKET_FIGURES = {
@@ -37,15 +35,6 @@ SERVER_SOCKET_FIGURES = {
 # Socket samples this long before a request's send or after its end still count as its own.
 _JOIN_SLACK_S = 1.0
 CHUNK_COLUMNS = ["request_id", "group", "index", "t", "tokens", "bytes", "gap_ms"]
-
-
-def load_records(paths: Iterable[Path]) -> list[RequestRecord]:
-    """Read every record of the given JSON-lines files (missing files are skipped)."""
-    records: list[RequestRecord] = []
-    for path in paths:
-        if path.exists():
-            records.extend(read_records(path))
-    return records
 
 
 def _ms(a: float | None, b: float | None) -> float | None:
@@ -86,7 +75,9 @@ def requests_frame(records: list[RequestRecord], sockets: pd.DataFrame) -> pd.Da
     NaN when no sample matched. Open loop: ``t_scheduled`` (the schedule's deadline),
     ``schedule_index`` (the request's position in the whole schedule; ``<NA>`` in a closed loop),
     ``send_lag_ms`` (``t_send`` minus it), and TTFT and end-to-end latency counted from it
-    (``ttft_from_scheduled_ms``, ``e2e_from_scheduled_ms``); NaN in a closed loop."""
+    (``ttft_from_scheduled_ms``, ``e2e_from_scheduled_ms``); NaN in a closed loop.
+    ``clock_bound_ms``: for a worker on another clock, how far its times may be off (NaN on the
+    harness's clock; ``loadgen._clock``)."""
     rows: list[dict[str, Any]] = []
     for r in records:
         token_times = [c.t for c in r.chunks if c.tokens > 0]
@@ -116,6 +107,7 @@ def requests_frame(records: list[RequestRecord], sockets: pd.DataFrame) -> pd.Da
     for col in (
         "t_action", "t_stall", "t_cut_seen", "stall_to_cut_ms", "read_lag_max_ms",
         "t_scheduled", "send_lag_ms", "ttft_from_scheduled_ms", "e2e_from_scheduled_ms",
+        "clock_bound_ms",
     ):  # fmt: skip
         frame[col] = frame[col].astype(float)
     frame["schedule_index"] = frame["schedule_index"].astype("Int64")

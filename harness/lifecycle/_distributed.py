@@ -30,14 +30,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 from harness.lifecycle._loadrun import LoadProcess, exit_detail
-from harness.runfolder import LoadWorker
+from harness.runfolder import LoadWorker, WorkerClock
 from harness.servers import start_process, stop_process_group
 from loadgen import (
     WORKER_DIR_ENV,
     WORKER_FORWARD_ENV,
     WORKER_NAME_ENV,
     GroupRunConfig,
+    PlannedArrivals,
+    TraceArrivals,
     UserGroupConfig,
+    clock_estimates,
     group_file,
     locustfile_source,
     valid_worker_name,
@@ -197,6 +200,15 @@ def _master_argv(
     ]  # fmt: skip
 
 
+def _as_workers_get_it(group: UserGroupConfig, seed: int) -> UserGroupConfig:
+    """``group`` as the locustfile carries it to workers: workers on other machines cannot read
+    a trace file, so a trace's plan is read here and travels whole (``planned``). Raises
+    :class:`~loadgen.TraceError` for an unreadable trace."""
+    if not isinstance(group.arrival, TraceArrivals):
+        return group
+    return group.model_copy(update={"arrival": PlannedArrivals.from_trace(group.arrival, seed)})
+
+
 def start_distributed_load(
     group: UserGroupConfig,
     *,
@@ -217,8 +229,9 @@ def start_distributed_load(
     The master listens on ``master_bind`` (port 0 picks a free one) and starts the load once
     ``workers + remote_workers`` workers have connected (it gives up after
     :data:`EXPECT_WORKERS_MAX_WAIT_S`). Local workers write into ``run_dir`` and sample their
-    own saturation. Raises :class:`DistributedError` for no workers at all and ``OSError`` if a
-    process cannot be started.
+    own saturation. Raises :class:`DistributedError` for no workers at all,
+    :class:`~loadgen.TraceError` for an unreadable trace (:func:`_as_workers_get_it`) and
+    ``OSError`` if a process cannot be started.
     """
     expected = workers + remote_workers
     if workers < 0 or remote_workers < 0 or expected < 1:
@@ -227,7 +240,7 @@ def start_distributed_load(
             f"remote_workers={remote_workers})"
         )
     run = GroupRunConfig(
-        group=group,
+        group=_as_workers_get_it(group, seed),
         host=host,
         model=model,
         records_path=group_file(run_dir, "records", group.name, None),
@@ -319,6 +332,7 @@ def worker_reports(load: LoadProcess, run_dir: Path) -> list[LoadWorker]:
             lost.pop(name, None)
     reports: list[LoadWorker] = []
     local = {w.name: w for w in load.workers}
+    clocks = clock_estimates(run_dir, group)
     for name in sorted(set(hello) | set(local), key=_natural):
         info = hello.get(name, {})
         proc = local[name].proc if name in local else None
@@ -341,6 +355,7 @@ def worker_reports(load: LoadProcess, run_dir: Path) -> list[LoadWorker]:
                 status=status,
                 detail=detail,
                 requests_recorded=_count_lines(group_file(run_dir, "records", group, name)),
+                clock=WorkerClock(**clocks[name].as_dict()) if name in clocks else None,
             )
         )
     remote_missing = load.expected_workers - len(hello)

@@ -31,6 +31,7 @@ from netem import (
     Topology,
     WireCapture,
     apply_profile,
+    clean,
     measure_link,
     process_start_ticks,
     resolve_group_profile,
@@ -72,6 +73,7 @@ class RunNetwork:
         self.shaping_info: dict[str, Any] = {}
         self.measured: dict[str, Any] = {}
         self.errors: list[str] = []
+        self.removed_at_start: list[str] = []
         self.captures: dict[str, WireCapture] = {}
         self.stalled: list[dict[str, Any]] = []
 
@@ -112,9 +114,12 @@ class RunNetwork:
     # -- life cycle ---------------------------------------------------------------------
 
     def setup(self, run_dir: Path) -> None:
-        """Create the topology (state file in ``run_dir``), set the server's sysctls, shape
-        and measure the links. Raises :class:`NetemError` (``NetemPermissionError`` without
-        CAP_NET_ADMIN)."""
+        """Remove what dead runs left (their state files' copies in ``/run/zerowindow``: the
+        processes, namespaces, links and qdiscs of runs whose harness is gone, as ``zerowindow
+        netem clean`` does; a live run's are left alone), then create the topology (state file
+        in ``run_dir``), set the server's sysctls, shape and measure the links. Raises
+        :class:`NetemError` (``NetemPermissionError`` without CAP_NET_ADMIN)."""
+        self.removed_at_start = clean(results=None).removed
         self.state = NetemState(run_dir, self.run_id)
         self.topology.state = self.state
         self.check_shaping()
@@ -292,6 +297,7 @@ class RunNetwork:
             "measured": self.measured,
             "stalled_flows": self.stalled_flows,
             "errors": self.errors,
+            "removed_at_start": self.removed_at_start,
         }
 
 

@@ -59,6 +59,14 @@ def print_summary(summary: RunSummary, *, run_dir: str, console: Console | None 
     console.print(summary.verdicts["kv_held_by_undelivered_streams"]["line"], markup=False)
     if costs := summary.verdicts.get("engine_costs"):
         console.print(costs["line"], markup=False)
+    for w in summary.load_workers:
+        if w.clock is not None:
+            console.print(
+                f"worker {w.worker} of group {w.group}: clock {w.clock.offset_s:+.6f} s from the "
+                f"harness's, within {w.clock.bound_ms:.3f} ms ({w.clock.samples} pings); its "
+                "times were moved onto the harness's clock",
+                markup=False,
+            )
     saturation = summary.client_saturation
     style = "bold yellow" if saturation.saturated else "dim"
     console.print(f"[{style}]{escape(saturation.message)}[/{style}]")

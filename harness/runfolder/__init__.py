@@ -43,6 +43,7 @@ from harness.runfolder._files import (
     kept_plugins,
     new_run_dir,
     records_files,
+    run_records,
     saturation_files,
 )
 from harness.runfolder._io import read_json, read_parquet, to_builtin, write_json, write_parquet
@@ -55,6 +56,7 @@ from harness.runfolder._schema import (
     RunSummary,
     SaturationSummary,
     ServerSummary,
+    WorkerClock,
 )
 
 __all__ = [
@@ -89,6 +91,7 @@ __all__ = [
     "GroupSummary",
     "MatrixCell",
     "LoadWorker",
+    "WorkerClock",
     "ProcessSaturation",
     "ProxySummary",
     "RunSummary",
@@ -107,6 +110,7 @@ __all__ = [
     "read_json",
     "read_parquet",
     "records_files",
+    "run_records",
     "saturation_files",
     "to_builtin",
     "write_json",

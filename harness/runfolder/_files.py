@@ -12,7 +12,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from harness._engine_probe import REQUESTS_FILE, STATUS_FILE, STEPS_FILE
-from loadgen import group_files
+from loadgen import (
+    RequestRecord,
+    clock_estimates,
+    group_files,
+    read_records,
+    to_harness_clock,
+    worker_of,
+)
 from zwcore import is_file_plugin
 
 RUN_JSON = "run.json"
@@ -43,6 +50,24 @@ REPEATS_JSON = "repeats.json"  # a run with repeats: its repeats, figures with i
 def records_files(run_dir: Path, group: str) -> list[Path]:
     """The records files of ``group`` (one per process that wrote any), sorted."""
     return group_files(run_dir, "records", group)
+
+
+def run_records(run_dir: Path, groups: list[str] | None = None) -> list[RequestRecord]:
+    """Every record of ``groups`` (default: every group with a records file) in ``run_dir``,
+    on the harness's clock: a worker whose clock its master measured (one on another machine,
+    ``loadgen._clock``) has its records moved by its offset. Raises ``OSError`` for a file that
+    cannot be read, ``ValueError`` for a malformed line."""
+    if groups is None:
+        groups = sorted({p.name[len("records-") : -len(".jsonl")].split("@")[0]
+                         for p in run_dir.glob("records-*.jsonl")})  # fmt: skip
+    records: list[RequestRecord] = []
+    for group in groups:
+        clocks = clock_estimates(run_dir, group)
+        for path in records_files(run_dir, group):
+            clock = clocks.get(worker_of(path) or "")
+            read = read_records(path)
+            records.extend(read if clock is None else (to_harness_clock(r, clock) for r in read))
+    return records
 
 
 def saturation_files(run_dir: Path, group: str) -> list[Path]:

@@ -69,6 +69,19 @@ class ProxySummary(BaseModel):
     cut_reasons: dict[str, float] = {}
 
 
+class WorkerClock(BaseModel):
+    """A worker's clock measured by its master (``loadgen._clock``): ``offset_s`` (its
+    monotonic clock minus the harness's, s; its records were moved by it), ``bound_ms`` (how
+    far it may be off at any of the ``bursts`` of pings), ``rtt_min_ms`` (the shortest ping
+    round trip), ``samples`` (answers)."""
+
+    offset_s: float
+    bound_ms: float
+    rtt_min_ms: float
+    samples: int
+    bursts: int
+
+
 class LoadWorker(BaseModel):
     """What became of one Locust worker of a group.
 
@@ -86,6 +99,9 @@ class LoadWorker(BaseModel):
     status: Literal["finished", "died", "never_joined"]
     detail: str
     requests_recorded: int
+    clock: WorkerClock | None = None
+    """Set for a worker on a clock of its own (one that forwards its lines: ``zerowindow
+    worker``); workers the harness starts share its clock."""
 
     @property
     def message(self) -> str:
@@ -297,4 +313,7 @@ class RunSummary(BaseModel):
     # the first zero window to the RST and who sent it (netem._wire.stalled_flows).
     stalled_flows: list[dict[str, Any]] | None = None
     load_workers: list[LoadWorker] = []  # Locust workers of distributed groups (--workers)
+    # The largest clock bound of workers on clocks of their own (ms; LoadWorker.clock); None
+    # when every load process shared the harness's clock.
+    clock_bound_ms: float | None = None
     matrix: list[MatrixCell] = []  # the disconnect matrix's control window and cells, in order

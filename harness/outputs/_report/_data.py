@@ -22,8 +22,9 @@ from harness.runfolder import (
     SUMMARY_JSON,
     read_json,
     read_parquet,
+    run_records,
 )
-from loadgen import RequestRecord, read_records
+from loadgen import RequestRecord
 from zwcore import RunFolderError
 
 TABLES = ("requests", "chunks", "server_metrics", "sockets")
@@ -63,13 +64,10 @@ class RunData:
 
 
 def _read_records(run_dir: Path) -> list[RequestRecord]:
-    records: list[RequestRecord] = []
-    for path in sorted(run_dir.glob("records-*.jsonl")):
-        try:
-            records.extend(read_records(path))
-        except (OSError, ValueError, TypeError, KeyError) as exc:
-            raise ReportError(f"{path}: cannot read records: {exc}") from None
-    return records
+    try:
+        return run_records(run_dir)
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise ReportError(f"{run_dir}: cannot read records: {exc}") from None
 
 
 def load_run(run_dir: Path, *, with_records: bool = True) -> RunData:
