@@ -45,7 +45,9 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert text.count("tcp_wmem = [4096, 16384, 65536]") == 1
     text = text.replace("tcp_wmem = [4096, 16384, 65536]", "tcp_wmem = [4096, 16384, 16384]")
     assert text.count("stall_timeout_s = 10\n") == 1
-    text = text.replace("stall_timeout_s = 10\n", "stall_timeout_s = 10\nclient_sndbuf_bytes = 8192\n")
+    text = text.replace(
+        "stall_timeout_s = 10\n", "stall_timeout_s = 10\nclient_sndbuf_bytes = 8192\n"
+    )
     text = text.replace("cooldown_s = 2\n", "cooldown_s = 0.5\n")  # the clients are gone
     scenario.write_text(text.replace("max_tokens = 600", "max_tokens = 120"))
     done = run_cli("run", str(scenario), "--out", str(out), "--no-progress", "--workers", "2")
