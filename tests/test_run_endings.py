@@ -109,23 +109,42 @@ def test_a_hang_up_stops_the_run_and_everything_it_started(tmp_path: Path):
     assert children and not _still_running(children, within_s=5.0)
 
 
+COMPARISON = """
+[[proxies]]
+name = "nginx"
+kind = "nginx"
+
+[[proxies]]
+name = "none"
+kind = "none"
+"""
+
+
 def test_a_killed_harness_leaves_no_process_and_a_folder_analyze_ends(tmp_path: Path):
-    """SIGKILL of ``zerowindow run`` mid-load (a CI time limit, the OOM killer): its reaper ends
-    the emulator, the proxy and the Locust processes within 5 s, and ``analyze`` ends the
-    folder as ``killed`` with the requests recorded before the kill."""
-    run, out, _ = _start(tmp_path, SCENARIO + '[proxy]\nkind = "nginx"\n')
+    """SIGKILL of ``zerowindow run`` mid-load (a CI time limit, the OOM killer) in a comparison
+    of proxies: its reaper ends the emulator, the proxy and the Locust processes within 5 s,
+    and ``analyze`` ends the configuration's folder as ``killed`` with the requests recorded
+    before the kill, and the comparison's as killed before any run ended."""
+    run, out, _ = _start(tmp_path, SCENARIO + COMPARISON)
     children = psutil.Process(run.pid).children(recursive=True)
     assert any("nginx" in " ".join(_cmdline(c.pid).split()[:1]) for c in children), children
     run.kill()
     run.communicate(timeout=30)
     left = _still_running(children, within_s=5.0)
     assert not left, [_cmdline(c.pid) for c in left]
-    (run_dir,) = out.glob("load-death/*")
+    (parent,) = out.glob("load-death/*")
+    run_dir = parent / "nginx"
     done = run_cli("analyze", str(run_dir))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     info = json.loads((run_dir / "run.json").read_text())
     assert info["status"] == "killed" and "killed" in info["failure"], info.get("failure")
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "killed"
+    # The comparison's folder says so too: no run of it ended, the one in progress is named.
+    done = run_cli("analyze", str(parent))
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    plan = json.loads((parent / "plan.json").read_text())
+    assert plan["status"] == "failed" and plan["exit_code"] == 1
+    assert "killed" in plan["failure"] and "unfinished: nginx" in plan["failure"], plan["failure"]
 
 
 def _still_running(processes: list[psutil.Process], *, within_s: float) -> list[psutil.Process]:

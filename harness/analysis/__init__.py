@@ -31,6 +31,7 @@ from harness.analysis._comparison import (
     buffering_distortion,
     compare,
 )
+from harness.analysis._killed import killed_plan_end
 from harness.analysis._latency import (
     inter_chunk,
     inter_chunk_s,
@@ -69,6 +70,7 @@ from harness.analysis._uncertainty import (
 from harness.analysis._verdicts import KvHeldVerdict, kv_held_verdict
 
 __all__ = [
+    "killed_plan_end",
     "run_folders",
     "sweep_point",
     "points_frame",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.analysis import is_plan_folder, read_facts, read_plan
+from harness.analysis import is_plan_folder, killed_plan_end, read_facts, read_plan
 from harness.gates import Baseline
 from harness.lifecycle._conclude import reanalyze_run, recorded_baseline
 from harness.lifecycle._conclude_plan import BaselineFile, conclude_plan
@@ -72,6 +72,10 @@ def reanalyze_plan(
     """A plan's folder analysed again: each run, then the aggregate (module docstring)."""
     record = read_plan(folder)
     plan = record.plan
+    if record.info.get("status") == "running":  # its harness was killed (or still runs)
+        recorded = [e.path for e in record.runs]
+        status, failure = killed_plan_end(folder, record.info, recorded)
+        record.info.update(status=status, failure=failure)
     leaves = {
         e.path: reanalyze_run(folder / e.path, baseline=baseline, use_baseline=use_baseline)
         for e in record.runs

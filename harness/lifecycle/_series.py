@@ -32,7 +32,7 @@ from harness.lifecycle._placement import pinned_to_load, place_target
 from harness.lifecycle._progress import RunProgress
 from harness.lifecycle._results import RunResult
 from harness.lifecycle._run import RunLifecycle, RunPlan
-from harness.lifecycle._runinfo import host_facts, versions
+from harness.lifecycle._runinfo import harness_process, host_facts, versions
 from harness.lifecycle._signals import RunInterrupted, signals_raise
 from harness.runfolder import PLAN_JSON, keep_plugins, write_json
 from harness.scenario import NamedProxyConfig, Plan, RunEntry, Scenario
@@ -177,6 +177,7 @@ def run_series(
         "idle_wait_s": {},
         "placement": placement.describe(),
         "status": "running",
+        "harness": harness_process(),
     }
     series = Series(plan, setup, run_dir, distribution, PlanRecord(plan, [], info))
     write_json(run_dir / PLAN_JSON, series.record.as_dict())
