@@ -122,8 +122,8 @@ def _hello_pid(run_dir: Path, worker: str) -> int | None:
 
 
 def test_killed_worker_is_reported_and_its_records_kept(tmp_path: Path) -> None:
-    # ~100 tokens at ~6 ms per step: each request lasts about 0.6 s, each user 12 of them.
-    data = sim_scenario(users=4, requests_per_user=12, max_tokens=100, step_ms=6.0)
+    # ~100 tokens at ~6 ms per step: each request lasts about 0.6 s, each user 8 of them.
+    data = sim_scenario(users=4, requests_per_user=8, max_tokens=100, step_ms=6.0)
     toml = _to_toml(data)
     scenario = tmp_path / "dist.toml"
     scenario.write_text(toml)
@@ -159,9 +159,9 @@ def test_killed_worker_is_reported_and_its_records_kept(tmp_path: Path) -> None:
     assert requests["request_id"].is_unique
     assert {r["request_id"] for r in w2_rows} <= set(requests["request_id"])
     w1_rows = jsonl(group_file(run_dir, "records", "fast", "w1"))
-    assert len(requests) == len(w1_rows) + len(w2_rows) < 4 * 12
-    # w1's users ran to the end: its two users' 24 requests.
-    assert len(w1_rows) == 24 and all(r["outcome"] == "complete" for r in w1_rows)
+    assert len(requests) == len(w1_rows) + len(w2_rows) < 4 * 8
+    # w1's users ran to the end: its two users' 16 requests.
+    assert len(w1_rows) == 16 and all(r["outcome"] == "complete" for r in w1_rows)
     events = [e["event"] for e in jsonl(run_dir / "workers-fast.jsonl") if e.get("worker") == "w2"]
     assert "missing" in events
 

@@ -8,8 +8,10 @@ id and ``created`` time, which the comparisons mask.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -84,9 +86,18 @@ def test_fast_reader_gets_identical_bytes(fast_sim: SimServer, path: str) -> Non
     assert mask_volatile(proxied) == mask_volatile(direct)
 
 
-def test_stalled_reader_is_reset_and_request_aborted(slow_sim: SimServer) -> None:
+@pytest.mark.parametrize("sndbuf", [4096, 1 << 20], ids=["sndbuf-4k", "sndbuf-1m"])
+def test_stalled_reader_is_reset_and_request_aborted(
+    slow_sim: SimServer, sndbuf: int, tmp_path: Path
+) -> None:
+    """A stall is no delivery progress: the reader is cut after the timeout whether its send
+    buffer holds 4 KiB or 1 MiB (an unwritable-socket timer never fires behind 1 MiB), and its
+    connection's record says so."""
     before = _idle(slow_sim)
-    with _proxy(slow_sim.url, stall_timeout_s=2.0, client_sndbuf_bytes=4096) as proxy:
+    log = tmp_path / "clients.jsonl"
+    with _proxy(
+        slow_sim.url, stall_timeout_s=2.0, client_sndbuf_bytes=sndbuf, clients_log=str(log)
+    ) as proxy:
         assert proxy.metrics_url is not None
         sock = raw_client(proxy.port, rcvbuf=4096)
         t0 = time.monotonic()
@@ -129,6 +140,12 @@ def test_stalled_reader_is_reset_and_request_aborted(slow_sim: SimServer) -> Non
         )
         assert m["zerowindow_egress_active_streams"] == 0
         assert m["zerowindow_egress_requests_total"] == 1
+    [record] = [json.loads(line) for line in log.read_text().splitlines()]
+    assert record["cut_reason"] == "stall_timeout"
+    assert 2.0 <= record["t_cut"] - record["t_last_progress"] <= 2.0 + 0.5, record
+    assert 0 < record["bytes_acked"] < record["bytes_written"]
+    acked = [b for _, b in record["acked"]]
+    assert acked == sorted(acked) and acked[-1] == record["bytes_acked"]
 
 
 @pytest.mark.parametrize("sndbuf", [4096, None], ids=["sndbuf-4k", "sndbuf-default"])

@@ -218,7 +218,7 @@ max_tokens = 256
 name = "slow"
 users = 2
 requests_per_user = 1
-max_tokens = 96  # ~29 KB read at 2.5 KB/s: ~11 s limited by a 4 KiB window
+max_tokens = 64  # ~20 KB read at 2.5 KB/s: ~8 s limited by a 4 KiB window
 network_profile = "3g"
 rcvbuf_bytes = 4096
 read = { kind = "paced", bytes_per_read = 256, interval_s = 0.1 }

@@ -26,9 +26,10 @@ from harness.servers import SimTargetConfig, UrlTargetConfig
 from tests.conftest import REPO, run_cli
 
 INCIDENTS = REPO / "scenarios" / "incidents"
-# One incident per code path, about 90 s on the emulator: the matrix runs on vLLM below; the
-# 3G comparison (six configurations behind shaped links) is test_comparison_netem's path; the
-# buffering proxies and the idle timeout without keep-alive add nothing the others do not run.
+# One incident per code path, about 60 s on the emulator: the matrix runs on vLLM below; the
+# 3G comparisons (slow-3g-proxies, slow-3g-stall-timeout: several configurations behind shaped
+# links) are test_comparison_netem's path; the buffering proxies and the idle timeout without
+# keep-alive add nothing the others do not run.
 QUICK = [
     "zombie-decode", "prefill-disconnect", "rst-storm", "route-timeout",
     "idle-timeout-keep-alive", "wmem-stall-detection",
@@ -64,8 +65,11 @@ def test_quick_incidents_pass_on_the_emulator(tmp_path: Path) -> None:
     # The findings are measured and reported, whichever way they come out.
     assert "stalled.zombies == 4: holds" in out["zombie-decode"]
     assert "long.outcome.cut_by_peer == 2: holds" in out["route-timeout"]
-    assert "sndbuf-4k: stalled.cut_seen == 4: holds" in out["wmem-stall-detection"]
-    assert "sndbuf-1m: stalled.cut_seen == 4: does not hold" in out["wmem-stall-detection"]
+    # A stall is no delivery progress: both send buffers see their stalled clients cut (the
+    # gates), and each case reports how soon.
+    for config in ("sndbuf-4k", "sndbuf-1m"):
+        line = f"{config}: stalled.stall_to_cut_p50_ms <= 3000: holds"
+        assert line in out["wmem-stall-detection"]
     # The suite's folder is a folder like any other: analysed again to the same cases, with a
     # report of its own linking each incident's.
     folder = junit.parent

@@ -3,11 +3,12 @@
 The remedy of DESIGN.md, built to be measured: an asyncio reverse proxy (h11 for HTTP/1.1,
 RFC 9112) in front of one OpenAI-compatible upstream. It reads each upstream response at
 full speed into a bounded per-stream buffer in host memory, writes to the client as fast as
-the client's socket accepts, and when a client's socket accepts nothing for
-``stall_timeout_s`` it resets the client (TCP RST via ``SO_LINGER`` 0) and closes the
-upstream connection so that the engine aborts the request. It forwards every path to its
-configured upstream only (the engine's ``/metrics`` included) and serves its own Prometheus
-metrics (``zerowindow_egress_*``) on a separate listener.
+the client's socket accepts, and when a client owes bytes and acknowledges none for
+``stall_timeout_s`` (``tcpi_bytes_acked``: no delivery progress) it resets the client (TCP
+RST via ``SO_LINGER`` 0) and closes the upstream connection so that the engine aborts the
+request. It forwards every path to its configured upstream only (the engine's ``/metrics``
+included) and serves its own Prometheus metrics (``zerowindow_egress_*``) on a separate
+listener.
 
 Public API:
 

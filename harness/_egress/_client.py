@@ -3,7 +3,8 @@
 A ``Client`` holds what every part of the proxy needs about one connection: its asyncio
 stream and transport (whose write buffer is the stream's host-memory buffer), its h11 state,
 the upstream connection of the response in progress, and the write-progress bookkeeping the
-stall watchdog (``_watchdog``) reads and updates.
+stall watchdog (``_watchdog``) reads and updates: bytes written, bytes the client acknowledged
+(``tcpi_bytes_acked``) and when that last grew.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import h11
 
 READ_CHUNK = 64 * 1024
 """Bytes per read from either side."""
+MAX_ACKED_SAMPLES = 10_000
+"""Samples of acknowledged bytes kept per connection (about 17 minutes of growth at 0.1 s)."""
 LINGER_S = 1.0
 LINGER_BYTES = 256 * 1024
 """After an error response, the request bytes still arriving are read and discarded for at
@@ -29,14 +32,19 @@ class Client:
         "reader",
         "writer",
         "transport",
+        "sock",
         "conn",
         "task",
         "peer",
         "written",
-        "last_sent",
+        "acked",
+        "acked_over_time",
+        "t_open",
+        "checked",
         "last_progress",
         "stall_start",
         "cut_reason",
+        "t_cut",
         "upstream",
         "client_closed",
         "idle",
@@ -53,19 +61,34 @@ class Client:
         self.reader = reader
         self.writer = writer
         self.transport = writer.transport
+        self.sock = writer.get_extra_info("socket")
         self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=max_header_bytes)
         self.task = asyncio.current_task()
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.written = 0  # bytes handed to the transport
-        self.last_sent = 0  # bytes accepted by the kernel at the last watchdog tick
-        self.last_progress = time.monotonic()
+        self.acked = 0  # bytes the client had acknowledged at the last watchdog tick
+        self.acked_over_time: list[tuple[float, int]] = []  # (monotonic s, acked) on growth
+        self.t_open = time.monotonic()
+        self.last_progress = self.checked = self.t_open  # monotonic s
         self.stall_start: float | None = None
         self.cut_reason: str | None = None
+        self.t_cut: float | None = None
         self.upstream: asyncio.WriteTransport | None = None  # while a response is unfinished
         self.client_closed = False
         self.idle = True  # waiting for the first byte of a request
         self.peak = 0
+
+    def record(self) -> dict[str, object]:
+        """The connection's line in the clients log (``EgressConfig.clients_log``): times in
+        monotonic s, sizes in bytes; ``acked`` lists ``[t, bytes acknowledged]`` at each
+        watchdog tick that saw them grow (at most ``MAX_ACKED_SAMPLES``)."""
+        return {
+            "peer": self.peer, "t_open": self.t_open, "t_end": time.monotonic(),
+            "bytes_written": self.written, "bytes_acked": self.acked,
+            "t_last_progress": self.last_progress, "cut_reason": self.cut_reason,
+            "t_cut": self.t_cut, "acked": [list(x) for x in self.acked_over_time],
+        }  # fmt: skip
 
     def write(self, data: bytes) -> None:
         """Hand ``data`` to the transport (no-op once the connection is closing)."""

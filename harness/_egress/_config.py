@@ -1,9 +1,10 @@
 """Configuration of the decoupled egress buffer: one frozen, validated record.
 
 Every knob of the proxy lives here, with its unit in its name. The defaults follow the
-remedy described in DESIGN.md: a 256 KiB host-memory buffer per stream, a 2.5 s write-stall
-timeout, and a capped kernel send buffer on client sockets so that a stall shows up in the
-proxy's own buffer quickly instead of hiding in the kernel's Send-Q.
+remedy described in DESIGN.md: a 256 KiB host-memory buffer per stream, a 2.5 s stall timeout
+on delivery progress (bytes the client acknowledged), and a small kernel share of the backlog
+on client sockets (``TCP_NOTSENT_LOWAT``, a capped send buffer) so that unsent bytes wait in
+the proxy's own buffer, where they are counted and bounded, instead of the kernel's Send-Q.
 """
 
 from __future__ import annotations
@@ -66,8 +67,16 @@ class EgressConfig(BaseModel):
     stall_timeout_s: float = Field(
         default=2.5,
         gt=0.0,
-        description="a client socket that accepts no byte for this long while bytes are "
-        "pending is reset (RST) and its upstream request aborted, seconds",
+        description="a client that acknowledges no byte (tcpi_bytes_acked, tcp(7)) for this "
+        "long while the proxy has bytes for it is reset (RST) and its upstream request "
+        "aborted, seconds; a slow reader that still acknowledges is never cut",
+    )
+    client_notsent_lowat_bytes: int | None = Field(
+        default=16 * 1024,
+        ge=1,
+        description="TCP_NOTSENT_LOWAT of accepted client sockets, bytes (tcp(7)): a socket "
+        "is writable only while fewer unsent bytes wait in the kernel, so the backlog stays "
+        "in the proxy's buffer. None keeps net.ipv4.tcp_notsent_lowat",
     )
     client_sndbuf_bytes: int | None = Field(
         default=32 * 1024,
@@ -112,6 +121,12 @@ class EgressConfig(BaseModel):
         default="auto",
         description="auto: uvloop when installed, else asyncio (uvloop wakes up faster for a "
         "read of one event: the proxy's added latency at low load)",
+    )
+    clients_log: str | None = Field(
+        default=None,
+        description="file to append one JSON line per client connection to when it ends: "
+        "bytes written and acknowledged, acknowledged bytes over time, last progress, why "
+        "and when it was cut; None: no log",
     )
     shutdown_timeout_s: float = Field(
         default=10.0,

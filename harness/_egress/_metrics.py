@@ -8,9 +8,10 @@ Definitions (times in seconds, sizes in bytes):
 
 - a **stream** is one proxied response, from the request being sent upstream until its last
   byte was accepted by the client's socket, or it was cut, or it failed;
-- a **write stall** is a period during which the client connection has bytes pending in
-  the proxy's buffer and its socket accepts none, seen by the watchdog for at least one
-  tick (``tick_s``); it ends when the socket accepts bytes again or the connection is cut;
+- a **stall** is a period during which the client owes bytes (the proxy wrote more for it
+  than it acknowledged) and acknowledges none (``tcpi_bytes_acked``, see ``_watchdog``), seen
+  by the watchdog for at least one tick (``tick_s``); it ends when the client acknowledges
+  bytes again or the connection is cut;
 - a **cut** ends a client connection abortively with a TCP RST; its reasons are
   ``stall_timeout`` (a stall reached ``stall_timeout_s``) and ``overflow`` (the stream's
   buffer was full with ``overflow="cut"``);
@@ -93,13 +94,13 @@ class EgressMetrics:
         )
         self.stalls = Counter(
             f"{PREFIX}_stalls",
-            "Write stalls: periods in which a client socket accepted no byte while bytes "
-            "were pending (at least one watchdog tick long).",
+            "Stalls: periods in which a client acknowledged no byte while it owed bytes "
+            "(at least one watchdog tick long).",
             registry=reg,
         )
         self.stall_duration = Histogram(
             f"{PREFIX}_stall_duration_seconds",
-            "Durations of write stalls, observed when they end (progress or cut).",
+            "Durations of stalls, observed when they end (progress or cut).",
             buckets=STALL_BUCKETS_S,
             registry=reg,
         )

@@ -1,11 +1,12 @@
-"""The egress buffer's engine: an asyncio reverse proxy with a write-stall watchdog.
+"""The egress buffer's engine: an asyncio reverse proxy with a stall watchdog.
 
 One coroutine per client connection parses requests with h11 (HTTP/1.1, RFC 9112; see
 ``_http``), opens a fresh connection to the configured upstream for each request
 (``Connection: close``; the proxy never connects anywhere else, whatever the request target
-or ``Host`` say), and relays the response (``_relay``). One watchdog task resets clients whose
-socket accepts nothing for ``stall_timeout_s`` (``_watchdog``). Prometheus metrics are served
-on a separate listener (``_metrics_endpoint``).
+or ``Host`` say), and relays the response (``_relay``). One watchdog task resets clients that
+acknowledge nothing for ``stall_timeout_s`` while they owe bytes (``_watchdog``). Prometheus
+metrics are served on a separate listener (``_metrics_endpoint``); with ``clients_log``, each
+connection's delivery record is appended to that file when it ends.
 
 This module holds the proxy's state and its life cycle: listening, accepting (at most
 ``max_connections``, else 503), the requests of one connection one after another, and the
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import socket
 import time
@@ -30,6 +32,7 @@ from harness._egress._http import Refused, read_request, simple_response, upstre
 from harness._egress._metrics import EgressMetrics
 from harness._egress._metrics_endpoint import serve_scrape
 from harness._egress._relay import Relay
+from harness._egress._watchdog import delivery
 
 logger = logging.getLogger("zerowindow.egress")
 
@@ -53,6 +56,11 @@ class EgressCore(Relay):
         authority = config.upstream_authority.encode("ascii")
         self._upstream_host = authority
         self._pause = config.overflow == "pause"
+        self._clients_log = (
+            open(config.clients_log, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+            if config.clients_log
+            else None
+        )
 
     def _buffered_bytes(self) -> int:
         total = 0
@@ -97,6 +105,8 @@ class EgressCore(Relay):
             watchdog.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watchdog
+            if self._clients_log is not None:
+                self._clients_log.close()
 
     async def _shutdown(self) -> None:
         self._closing = True
@@ -131,6 +141,7 @@ class EgressCore(Relay):
                 await linger_close(reader, writer)
                 return
             sndbuf = self.config.client_sndbuf_bytes
+            lowat = self.config.client_notsent_lowat_bytes
             sock = writer.get_extra_info("socket")
             if sock is not None:
                 with contextlib.suppress(OSError):
@@ -140,6 +151,8 @@ class EgressCore(Relay):
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                     if sndbuf is not None:
                         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
+                    if lowat is not None:
+                        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, lowat)
             high = self.config.buffer_bytes
             writer.transport.set_write_buffer_limits(high=high, low=high // 2)
             c = Client(reader, writer, max_header_bytes=self.config.max_header_bytes)
@@ -155,6 +168,10 @@ class EgressCore(Relay):
                 self._clients.discard(c)
                 if c.stall_start is not None:  # a stall ended by the connection's end
                     self.metrics.stall_duration.observe(time.monotonic() - c.stall_start)
+                if self._clients_log is not None:
+                    final = delivery(c.sock)  # as it ends, if still known
+                    c.acked = final[0] if final is not None else c.acked
+                    self._clients_log.write(json.dumps(c.record()) + "\n")
                 if not c.transport.is_closing():
                     c.transport.abort()
         finally:

@@ -5,7 +5,9 @@ keeps its KV blocks until every byte written for it has left both the asyncio tr
 write buffer (user space, where uvicorn's flow control pauses the ASGI ``send`` above the
 high-water mark) and the kernel send queue, i.e. was acknowledged by the peer. The check
 is a poll, not a timer: the blocks are released as soon as the peer's receive window lets
-the data through, and never before.
+the data through, and never before. "Delivered" means what the egress buffer's stall watchdog
+means by progress (``harness._egress._watchdog``): bytes the peer acknowledged; the bytes
+written and not yet acknowledged are the ones both count as owed.
 
 Sources: ``SIOCOUTQ`` (= ``TIOCOUTQ``, 0x5411) returns "the amount of unsent data in the
 socket send queue" (tcp(7)); for TCP the kernel answers ``write_seq - snd_una``, the bytes

@@ -53,8 +53,8 @@ class ProxySummary(BaseModel):
     """Figures of the proxy of one run. Sizes in bytes; ``None`` when not observable for this
     kind (``none`` has no process; nginx has no per-stream buffer figure). ``cuts`` and
     ``upstream_aborts`` are the egress buffer's counters' rises over the run, ``cut_reasons``
-    the cuts by reason (``stall_timeout``: a write stall reached ``stall_timeout_s``;
-    ``overflow``: the stream's buffer filled up)."""
+    the cuts by reason (``stall_timeout``: a client acknowledged nothing for
+    ``stall_timeout_s`` while it owed bytes; ``overflow``: the stream's buffer filled up)."""
 
     name: str
     kind: str

@@ -12,13 +12,18 @@ from harness.servers._base import PROXIES, Proxy, ProxyConfigBase
 from harness.servers._health import TargetError, free_port
 from harness.servers._process import ServerProcess
 
+CLIENTS_LOG = "egress-clients.jsonl"
+
 
 @PROXIES.register
 class EgressProxyConfig(ProxyConfigBase):
     """The toolkit's own decoupled egress buffer (``harness._egress``): reads the upstream at
     full speed into ``buffer_bytes`` per stream (``overflow``: ``cut`` or ``pause``) and resets a
-    client whose socket stays unwritable for ``stall_timeout_s``, aborting the upstream request.
-    ``client_sndbuf_bytes`` caps the kernel send buffer toward clients (None: autotuning).
+    client that acknowledges no byte for ``stall_timeout_s`` while it owes bytes, aborting the
+    upstream request. ``client_sndbuf_bytes`` caps the kernel send buffer toward clients (None:
+    autotuning) and ``client_notsent_lowat_bytes`` the unsent bytes the kernel takes from the
+    proxy (``TCP_NOTSENT_LOWAT``; None: the system's). Each client connection's delivery record
+    goes to ``egress-clients.jsonl`` in the run folder.
     ``event_loop``: ``auto`` (uvloop when installed, else asyncio), ``asyncio`` or ``uvloop``."""
 
     kind: Literal["egress"] = "egress"
@@ -26,6 +31,7 @@ class EgressProxyConfig(ProxyConfigBase):
     overflow: Literal["cut", "pause"] = "cut"
     stall_timeout_s: float = Field(2.5, gt=0)
     client_sndbuf_bytes: int | None = Field(32 * 1024, ge=1024)
+    client_notsent_lowat_bytes: int | None = Field(16 * 1024, ge=1)
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
     listen_host: str = "127.0.0.1"
     listen_port: int = Field(0, ge=0, le=65535, description="0 picks a free port")
@@ -68,6 +74,9 @@ class EgressProxy(Proxy):
             "--stall-timeout-s", str(c.stall_timeout_s),
             "--client-sndbuf-bytes", "none" if c.client_sndbuf_bytes is None
             else str(c.client_sndbuf_bytes),
+            "--client-notsent-lowat-bytes", "none" if c.client_notsent_lowat_bytes is None
+            else str(c.client_notsent_lowat_bytes),
+            "--clients-log", str(run_dir / CLIENTS_LOG),
             "--event-loop", c.event_loop,
             "--log-level", "warning",
         ]  # fmt: skip
