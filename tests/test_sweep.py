@@ -1,6 +1,6 @@
 """``zerowindow sweep`` on the engine emulator, whose capacity follows from its configuration:
-4 sequences per batch, every step 20 ms plus 1 ms per sequence, 20 output tokens a request, so
-a full batch finishes 4 requests every 20 steps of 24 ms: 8.3 requests/s. The sweep's
+4 sequences per batch, every step 10 ms plus 0.5 ms per sequence, 20 output tokens a request,
+so a full batch finishes 4 requests every 20 steps of 12 ms: 16.7 requests/s. The sweep's
 throughput run must find that within 15 %, its rates lie between the serial and throughput
 runs, the SLA bisection lands below the capacity, and it writes its table and plots."""
 
@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import only_run_dir, run_cli
 
-CAPACITY_RPS = 4 / (20 * (20.0 + 4 * 1.0) / 1000)
+CAPACITY_RPS = 4 / (20 * (10.0 + 4 * 0.5) / 1000)
 SCENARIO = """
 name = "sim-sweep"
 seed = 0
@@ -27,8 +27,8 @@ kind = "sim"
 [target.engine]
 max_num_seqs = 4
 num_blocks = 256
-step_fixed_ms = 20.0
-decode_ms_per_seq = 1.0
+step_fixed_ms = 10.0
+decode_ms_per_seq = 0.5
 prefill_ms_per_token = 0.0
 
 [[groups]]
@@ -115,6 +115,9 @@ def test_the_concurrency_search_finds_the_highest_ceiling_that_passes(tmp_path: 
     # fifth waits in the engine's queue for a whole request (~0.5 s). A 300 ms TTFT bound
     # (from the send) therefore holds up to 4: the bisection must find the batch size.
     text = SCENARIO.replace("requests = 40", "requests = 12").replace("1500", "300")
+    # The engine of 8.3 requests/s (20 ms steps, 1 ms per sequence): a whole request ~0.5 s.
+    text = text.replace("step_fixed_ms = 10.0", "step_fixed_ms = 20.0")
+    text = text.replace("decode_ms_per_seq = 0.5", "decode_ms_per_seq = 1.0")
     settings = SweepSettings(
         steps=0, sla=True, sla_on="concurrency", sla_steps=4, serial_requests=4
     )
