@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import socket
 import time
 from collections.abc import Callable
@@ -40,6 +41,7 @@ from ._tail import LineTail
 from ._workers import FILE_KINDS, WorkerIdentity, group_file, valid_worker_name, workers_log
 
 HELLO = "zw_hello"
+_LOCAL_NAME = re.compile(r"^w[0-9]+$")  # the harness's own workers: w1, w2, ...
 LINES = "zw_lines"
 logger = logging.getLogger(__name__)
 
@@ -107,11 +109,30 @@ class _MasterCollector:
         if not valid_worker_name(name):
             logger.warning("worker %s announced an invalid name %r", msg.node_id, name)
             return
+        asked = name
+        if data.get("forward"):  # its lines land under the name given here: never a taken one
+            name = self._free_name(name)
+            if name != asked:
+                logger.warning("worker %s asked for the name %r, taken: it is %r", msg.node_id,
+                               asked, name)  # fmt: skip
         self.names[msg.node_id] = name
+        extra = {"asked": asked} if name != asked else {}
         self.log("hello", msg.node_id, worker=name, host=data.get("host"), pid=data.get("pid"),
-                 forward=bool(data.get("forward")))  # fmt: skip
+                 forward=bool(data.get("forward")), **extra)  # fmt: skip
         if data.get("forward"):  # on another machine, or at least another clock
             self.pingers.append(gevent.spawn(self.ping, msg.node_id))
+
+    def _free_name(self, name: str) -> str:
+        """``name``, or ``<name>-<k>`` with the smallest k from 2 that is free, when a worker
+        already announced it or it is the form of the harness's own workers (``w<N>``, which
+        write into the run folder themselves)."""
+        taken = set(self.names.values())
+        if name not in taken and not _LOCAL_NAME.match(name):
+            return name
+        k = 2
+        while f"{name}-{k}" in taken:
+            k += 1
+        return f"{name}-{k}"
 
     def ping(self, client_id: str) -> None:
         """Send ``client_id`` a burst of clock pings now and every ``BURST_INTERVAL_S``, for

@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ._arrivals import ARRIVALS, ArrivalBase, PlannedRequest
 from ._config import ClientMixEntry
@@ -66,6 +66,18 @@ class TraceArrivals(ArrivalBase):
         if not path.exists():
             raise ValueError(f"no trace at {path}")
         return path
+
+    @model_validator(mode="after")
+    def _readable(self) -> TraceArrivals:
+        """The trace is read once here, so that a file that is not of its format, or a window
+        with no request, is an invalid scenario before anything starts."""
+        try:
+            planned = self.plan(0)
+        except TraceError as exc:
+            raise ValueError(str(exc)) from None
+        if not planned:
+            raise ValueError(f"{self.path}: no request in the trace's window")
+        return self
 
     def plan(self, seed: int) -> list[PlannedRequest]:
         """The trace's requests in the window, as planned requests. Raises

@@ -252,7 +252,7 @@ def test_a_remote_worker_on_its_own_clock_joins_the_harness_clock(tmp_path: Path
         )  # fmt: skip
         worker = subprocess.Popen(
             [*(prefix or []), *ZEROWINDOW, "worker", "--master", f"{address}:{port}",
-             "--out", str(remote_out), "--name", "r1"],
+             "--out", str(remote_out), "--name", "w1"],
             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
         try:
@@ -268,20 +268,22 @@ def test_a_remote_worker_on_its_own_clock_joins_the_harness_clock(tmp_path: Path
     assert run.returncode == 0, output
     assert worker.returncode == 0, worker_output
     run_dir = only_run_dir(out)
-    forwarded = group_file(run_dir, "records", "fast", "r1")
-    local_copy = group_file(remote_out, "records", "fast", "r1")
+    # It asked for w1, the local worker's name: it joined as w1-2, its lines in their own files.
+    forwarded = group_file(run_dir, "records", "fast", "w1-2")
+    local_copy = group_file(remote_out, "records", "fast", "w1")
     assert forwarded.read_text() == local_copy.read_text() != ""
-    assert group_file(run_dir, "saturation", "fast", "r1").read_text().count("\n") >= 1
+    assert group_file(run_dir, "saturation", "fast", "w1-2").read_text().count("\n") >= 1
     assert locust_e2e_count(run_dir, "fast") == 16
     summary = json.loads((run_dir / "summary.json").read_text())
     workers = {w["worker"]: w for w in summary["load_workers"]}
     assert {(n, w["status"]) for n, w in workers.items()} == {
         ("w1", "finished"),
-        ("r1", "finished"),
+        ("w1-2", "finished"),
     }
     # The local worker shares the harness's clock; the remote one's was measured.
     assert workers["w1"]["clock"] is None
-    clock = workers["r1"]["clock"]
+    clock = workers["w1-2"]["clock"]
+    assert workers["w1-2"]["detail"] == "finished (it asked for the name w1, taken)"
     assert clock["samples"] >= 5 and 0 < clock["bound_ms"] < 50, clock
     ahead = AHEAD_S if prefix else 0.0
     assert abs(clock["offset_s"] - ahead) <= clock["bound_ms"] / 1000 + 1e-4, clock
@@ -289,14 +291,14 @@ def test_a_remote_worker_on_its_own_clock_joins_the_harness_clock(tmp_path: Path
     kv_held = summary["verdicts"]["kv_held_by_undelivered_streams"]
     assert kv_held["clock_bound_ms"] == clock["bound_ms"]
     assert f"(remote workers' clocks within {clock['bound_ms']:.3f} ms)" in kv_held["line"]
-    assert f"worker r1 of group fast: clock {clock['offset_s']:+.6f} s" in output
+    assert f"worker w1-2 of group fast: clock {clock['offset_s']:+.6f} s" in output
     # Every request joined its engine record, in causal order within the bound: the engine
     # saw it after the client sent it, and made each token before the client read it.
     requests = pd.read_parquet(run_dir / "requests.parquet")
     assert len(requests) == 16 and requests["request_id"].is_unique
     assert requests["engine_request_id"].notna().all()
     remote = requests["clock_bound_ms"].notna()
-    assert remote.sum() == workers["r1"]["requests_recorded"] > 0
+    assert remote.sum() == workers["w1-2"]["requests_recorded"] > 0
     assert workers["w1"]["requests_recorded"] > 0
     # The trace's plan, split between the workers: each request once, each sent on time.
     assert sorted(requests["schedule_index"]) == list(range(16))
@@ -304,7 +306,7 @@ def test_a_remote_worker_on_its_own_clock_joins_the_harness_clock(tmp_path: Path
     assert (requests["outcome"] == "complete").all()
     # The saturation guard's verdict covers both workers.
     sampled = {p["group"] for p in summary["client_saturation"]["processes"]}
-    assert sampled == {"fast@w1", "fast@r1"}
+    assert sampled == {"fast@w1", "fast@w1-2"}
     slack_s = requests["clock_bound_ms"].fillna(0.0) / 1000 + 1e-4
     assert (requests["t_engine_arrival"] >= requests["t_send"] - slack_s).all()
     assert (requests["t_engine_first_token"] <= requests["t_first_token"] + slack_s).all()

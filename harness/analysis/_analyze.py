@@ -39,6 +39,7 @@ from harness.analysis._verdicts import engine_costs, kv_held_verdict
 from harness.collectors import SOCKET_COLUMNS
 from harness.runfolder import (
     CHUNKS,
+    ENGINE_PROBE_JSON,
     ENGINE_REQUESTS,
     ENGINE_STEPS,
     PROXY,
@@ -123,9 +124,12 @@ def read_facts(run_dir: Path) -> RunFacts:
     duration = info.get("duration_s", old.get("duration_s"))
     status = str(info.get("status", old.get("status", "failed")))
     failure = info.get("failure", old.get("failure"))
+    probe = info.get("engine_probe")
     if duration is None and status == "running":  # its harness was killed before the end
         duration, failure = killed_run_end(run_dir, info, [g.name for g in scenario.groups])
         status = "killed"
+        if probe is None and (run_dir / ENGINE_PROBE_JSON).exists():  # written as it started
+            probe = read_json(run_dir / ENGINE_PROBE_JSON)
     if duration is None:
         raise RunFolderError(f"{run_dir / RUN_JSON}: the run did not record its duration")
     return RunFacts(
@@ -140,7 +144,7 @@ def read_facts(run_dir: Path) -> RunFacts:
         stalled_flows=(info.get("network") or {}).get("stalled_flows"),
         load_workers=[LoadWorker.model_validate(w) for w in workers],
         placement=info.get("placement"),
-        engine_probe=info.get("engine_probe"),
+        engine_probe=probe,
     )
 
 

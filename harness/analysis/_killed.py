@@ -26,7 +26,7 @@ def killed_run_end(run_dir: Path, info: dict[str, Any], groups: list[str]) -> tu
     times = [t for r in records for t in (r.t_end, r.t_last_byte, r.t_send) if t is not None]
     duration = max(0.0, max(times) - float(start)) if times and start is not None else 0.0
     failure = (
-        f"killed: the run's harness ended without its clean-up; its records stop "
+        f"its harness was killed before its clean-up; its records stop "
         f"{duration:.1f} s after the start ({len(records)} requests recorded)"
     )
     return duration, failure
@@ -46,7 +46,7 @@ def killed_plan_end(folder: Path, info: dict[str, Any], recorded: list[str]) -> 
     )
     left = f"; unfinished: {', '.join(unfinished)} (analyse each on its own)" if unfinished else ""
     failure = (
-        f"killed: the plan's harness ended without its clean-up after {len(recorded)} run(s)"
+        f"its harness was killed before its clean-up, after {len(recorded)} run(s)"
         f"{left}"
     )
     return ("killed" if recorded else "failed"), failure

@@ -346,6 +346,8 @@ def worker_reports(load: LoadProcess, run_dir: Path) -> list[LoadWorker]:
             status = "died"
         else:
             status, detail = "finished", "finished"
+        if info.get("asked"):  # a remote worker whose name was taken
+            detail += f" (it asked for the name {info['asked']}, taken)"
         reports.append(
             LoadWorker(
                 group=group,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import secrets
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +121,12 @@ class RunNetwork:
         in ``run_dir``), set the server's sysctls, shape and measure the links. Raises
         :class:`NetemError` (``NetemPermissionError`` without CAP_NET_ADMIN)."""
         self.removed_at_start = clean(results=None).removed
+        if self.removed_at_start:
+            print(
+                "removed what runs killed earlier left: " + ", ".join(self.removed_at_start),
+                file=sys.stderr,
+                flush=True,
+            )
         self.state = NetemState(run_dir, self.run_id)
         self.topology.state = self.state
         self.check_shaping()
