@@ -37,6 +37,11 @@ PINGS_PER_BURST = 5
 PING_SPACING_S = 0.02
 BURST_INTERVAL_S = 2.0
 CLOCK_EVENT = "clock"
+SCHEDULE_START = "zw_schedule_start"
+"""The master's message to each worker of an open-loop group once all have spawned: the moment
+on the worker's own clock (``{"t0": s}``) at which the shared schedule starts."""
+START_MARGIN_S = 0.25
+"""How far ahead of the message the shared schedule starts (s): time for it to arrive."""
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from locust.runners import STATE_MISSING, MasterRunner, WorkerRunner
 
 from . import _clock
 from ._tail import LineTail
+from ._users import schedule_starts_at
 from ._workers import FILE_KINDS, WorkerIdentity, group_file, valid_worker_name, workers_log
 
 HELLO = "zw_hello"
@@ -69,6 +70,7 @@ def collect_on_master(
     environment.events.worker_connect.add_listener(
         lambda client_id, **_kw: master.log("connected", client_id)
     )
+    environment.events.spawning_complete.add_listener(lambda **_kw: master.start_schedules())
     watcher = gevent.spawn(master.watch, poll_s)
 
     def on_quitting(**_kwargs: Any) -> None:
@@ -93,6 +95,7 @@ class _MasterCollector:
         self.names: dict[str, str] = {}  # client id: worker name
         self.files: dict[tuple[str, str], int] = {}  # (file kind, worker name): descriptor
         self.pingers: list[gevent.Greenlet] = []
+        self.best: dict[str, dict[str, float | int]] = {}  # client id: shortest-trip sample
 
     def log(self, event: str, client_id: str | None, **fields: Any) -> None:
         """Append one line to the workers' log."""
@@ -157,6 +160,21 @@ class _MasterCollector:
             return
         if msg.node_id in self.names:
             self.log(_clock.CLOCK_EVENT, msg.node_id, **measured)
+            known = self.best.get(msg.node_id)
+            if known is None or measured["rtt_s"] < known["rtt_s"]:
+                self.best[msg.node_id] = measured
+
+    def start_schedules(self) -> None:
+        """Every worker has spawned: tell each when the shared open-loop schedule starts, on
+        its own clock (the harness's moment plus its measured offset; 0 for a worker on the
+        harness's clock), so that the workers' shares interleave as the schedule says."""
+        t_start = time.monotonic() + _clock.START_MARGIN_S
+        self.log("schedule_start", None, t_start=round(t_start, 6))
+        for client_id in list(self.runner.clients):
+            offset = float(self.best.get(client_id, {}).get("offset_s", 0.0))
+            self.runner.send_message(
+                _clock.SCHEDULE_START, {"t0": t_start + offset}, client_id=client_id
+            )
 
     def on_lines(self, msg: Any, **_kwargs: Any) -> None:
         """Append the lines an announced worker forwarded to its file of their kind."""
@@ -210,6 +228,10 @@ def announce_and_forward(
     runner = environment.runner
     if not isinstance(runner, WorkerRunner):
         return
+    runner.register_message(
+        _clock.SCHEDULE_START,
+        lambda msg, **_kw: schedule_starts_at(float((msg.data or {})["t0"])),
+    )
     runner.register_message(
         _clock.PING,
         lambda msg, **_kw: runner.send_message(

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import gevent
+import gevent.event
 from gevent.lock import BoundedSemaphore
 from gevent.pool import Group
 from locust import User, constant, task
@@ -255,6 +256,31 @@ class SlowReaderUser(StreamingUser):
     rcvbuf_bytes: ClassVar[int | None] = 4096
 
 
+_schedule_start: dict[str, float] = {}
+_schedule_started = gevent.event.Event()
+SCHEDULE_START_WAIT_S = 5.0
+"""How long a worker's dispatcher waits for its master to say when the shared schedule starts."""
+
+
+def schedule_starts_at(t0: float) -> None:
+    """The master said when this worker's share of a shared open-loop schedule starts: ``t0``,
+    monotonic s on this process's clock (``loadgen._distributed``)."""
+    _schedule_start["t0"] = t0
+    _schedule_started.set()
+
+
+def _shared_start() -> float:
+    """When a schedule split between workers starts here: the master's moment, or, if it did
+    not come within ``SCHEDULE_START_WAIT_S``, now (logged: the shares may then be skewed)."""
+    if _schedule_started.wait(SCHEDULE_START_WAIT_S):
+        return _schedule_start["t0"]
+    logging.getLogger(__name__).warning(
+        "no schedule start from the master within %.0f s: this worker's share starts now",
+        SCHEDULE_START_WAIT_S,
+    )
+    return time.monotonic()
+
+
 class OpenLoopUser(StreamingUser):
     """Sends its group's requests on an open-loop schedule (``arrival``, see
     ``loadgen._arrivals``) instead of one after another: each at its deadline in a greenlet of
@@ -299,7 +325,8 @@ class OpenLoopUser(StreamingUser):
         plan = cls.arrival.plan(prompt_seed(cls.seed, self._zw_group, "arrivals"))
         cap = cls.arrival.max_concurrency
         slots = BoundedSemaphore(cap) if cap is not None else None
-        t0 = time.monotonic()
+        # Split between workers, the schedule starts at one moment for all (their master's).
+        t0 = _shared_start() if cls.schedule_processes > 1 else time.monotonic()
         for position, planned in share(plan, index, cls.schedule_processes):
             deadline = t0 + planned.offset_s
             if (wait := deadline - time.monotonic()) > 0:

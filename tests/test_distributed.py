@@ -302,6 +302,11 @@ def test_a_remote_worker_on_its_own_clock_joins_the_harness_clock(tmp_path: Path
     assert workers["w1"]["requests_recorded"] > 0
     # The trace's plan, split between the workers: each request once, each sent on time.
     assert sorted(requests["schedule_index"]) == list(range(16))
+    # One start for both shares: on the harness's clock the deadlines are the trace's, 60 ms
+    # apart, whichever worker sent them (within the clock bound and a millisecond).
+    deadlines = requests.sort_values("schedule_index")["t_scheduled"]
+    gaps_ms = deadlines.diff().dropna() * 1000
+    assert ((gaps_ms - 60).abs() <= clock["bound_ms"] + 1.0).all(), gaps_ms.tolist()
     assert (requests["send_lag_ms"] < 500).all(), requests["send_lag_ms"].describe()
     assert (requests["outcome"] == "complete").all()
     # The saturation guard's verdict covers both workers.
