@@ -145,7 +145,7 @@ def test_stalled_reader_is_reset_and_request_aborted(
     assert 2.0 <= record["t_cut"] - record["t_last_progress"] <= 2.0 + 0.5, record
     assert 0 < record["bytes_acked"] < record["bytes_written"]
     acked = [b for _, b in record["acked"]]
-    assert acked == sorted(acked) and acked[-1] == record["bytes_acked"]
+    assert acked == sorted(acked) and 0 < acked[-1] <= record["bytes_acked"]
 
 
 @pytest.mark.parametrize("sndbuf", [4096, None], ids=["sndbuf-4k", "sndbuf-default"])

@@ -16,8 +16,10 @@ import h11
 
 READ_CHUNK = 64 * 1024
 """Bytes per read from either side."""
-MAX_ACKED_SAMPLES = 10_000
-"""Samples of acknowledged bytes kept per connection (about 17 minutes of growth at 0.1 s)."""
+MAX_ACKED_SAMPLES = 500
+ACKED_SAMPLE_S = 0.5
+"""Samples of acknowledged bytes kept per connection: at most one per ``ACKED_SAMPLE_S`` of
+growth, ``MAX_ACKED_SAMPLES`` in all (about 4 minutes of a stream; a few KiB of memory)."""
 LINGER_S = 1.0
 LINGER_BYTES = 256 * 1024
 """After an error response, the request bytes still arriving are read and discarded for at
@@ -82,7 +84,8 @@ class Client:
     def record(self) -> dict[str, object]:
         """The connection's line in the clients log (``EgressConfig.clients_log``): times in
         monotonic s, sizes in bytes; ``acked`` lists ``[t, bytes acknowledged]`` at each
-        watchdog tick that saw them grow (at most ``MAX_ACKED_SAMPLES``)."""
+        watchdog tick that saw them grow (at most one per ``ACKED_SAMPLE_S``, and
+        ``MAX_ACKED_SAMPLES``)."""
         return {
             "peer": self.peer, "t_open": self.t_open, "t_end": time.monotonic(),
             "bytes_written": self.written, "bytes_acked": self.acked,

@@ -27,7 +27,7 @@ import socket
 import struct
 import time
 
-from harness._egress._client import MAX_ACKED_SAMPLES, Client
+from harness._egress._client import ACKED_SAMPLE_S, MAX_ACKED_SAMPLES, Client
 from harness._egress._config import EgressConfig
 from harness._egress._metrics import EgressMetrics
 
@@ -104,8 +104,11 @@ class StallWatchdog:
                 acked, since_ack_s = seen
                 if acked != c.acked:  # it grew, with an ACK after the last check
                     c.acked = acked
-                    if len(c.acked_over_time) < MAX_ACKED_SAMPLES:
-                        c.acked_over_time.append((now, acked))
+                    samples = c.acked_over_time
+                    if len(samples) < MAX_ACKED_SAMPLES and (
+                        not samples or now - samples[-1][0] >= ACKED_SAMPLE_S
+                    ):
+                        samples.append((now, acked))
                     self._progress(c, max(checked, now - since_ack_s))
                     continue
                 if c.stall_start is None:
