@@ -256,11 +256,11 @@ max_tokens = 32
 
 
 def test_a_killed_harness_takes_its_vllm_with_it(tiny_model, tmp_path):  # noqa: F811
-    """SIGKILL of ``zerowindow run`` mid-load on a vLLM it started (a CI time limit, the OOM
-    killer): within 5 s no process of the run is left, vLLM's API server and engine core
+    """SIGKILL of ``zerowindow run`` (a CI time limit, the OOM killer) once the vLLM it started
+    runs its API server and engine core: within 5 s no process of the run is left, vLLM's
     included (on a GPU runner an orphan would hold the GPU), and ``analyze`` ends the folder
-    as killed with the requests recorded before the kill."""
-    args = ", ".join(f'"{a}"' for a in [*VLLM_ARGS, "--enforce-eager"])
+    as killed. (Killed mid-load, the emulator's runs show the same reaper, and the requests
+    recorded before the kill: test_run_endings, test_netem_topology.)"""
     scenario = tmp_path / "orphan.toml"
     scenario.write_text(
         f"""
@@ -268,7 +268,7 @@ name = "orphan"
 [target]
 kind = "vllm"
 model = "{tiny_model}"
-extra_args = [{args}]
+extra_args = [{", ".join(f'"{a}"' for a in [*VLLM_ARGS, "--enforce-eager"])}]
 [[groups]]
 name = "fast"
 users = 2
@@ -282,17 +282,15 @@ max_tokens = 32
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 400
+        deadline = time.monotonic() + 300
         while time.monotonic() < deadline and proc.poll() is None:
-            records = list(out.glob("orphan/*/records-fast.jsonl"))
-            if records and len(records[0].read_text().splitlines()) >= 3:
+            children = psutil.Process(proc.pid).children(recursive=True)
+            names = [" ".join(_cmdline(c)) for c in children]
+            if any("api_server" in n for n in names) and any("EngineCore" in n for n in names):
                 break
-            time.sleep(0.5)
+            time.sleep(0.2)
         else:
-            pytest.fail("no records appeared")
-        children = psutil.Process(proc.pid).children(recursive=True)
-        names = [" ".join(c.cmdline()) for c in children]
-        assert any("vllm.entrypoints.openai.api_server" in n for n in names), names
+            pytest.fail("vLLM never started its engine core")
         proc.kill()
         proc.wait(timeout=30)
     finally:
@@ -304,15 +302,21 @@ max_tokens = 32
         if not left or time.monotonic() > deadline:
             break
         time.sleep(0.1)
-    assert not left, [" ".join(c.cmdline()) for c in left]
+    assert not left, [" ".join(_cmdline(c)) for c in left]
     run_dir = only_run_dir(out)
     done = subprocess.run(
         [*ZEROWINDOW, "analyze", str(run_dir)], cwd=REPO, capture_output=True, text=True
     )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.returncode in (0, 1), done.stdout[-2000:] + done.stderr[-2000:]
     info = json.loads((run_dir / "run.json").read_text())
     assert info["status"] == "killed", info.get("failure")
     # A vllm target the run started: its kind says which vLLM and torch it ran.
     assert info["versions"]["vllm"] and info["versions"]["torch"]
-    assert len(pd.read_parquet(run_dir / "requests.parquet")) >= 3
     assert (run_dir / "vllm.log").exists()
+
+
+def _cmdline(p: psutil.Process) -> list[str]:
+    try:
+        return p.cmdline()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return []
