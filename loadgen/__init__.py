@@ -64,6 +64,7 @@ from ._workers import (
     WORKER_NAME_ENV,
     group_file,
     group_files,
+    group_of,
     locustfile_source,
     valid_worker_name,
     worker_of,
@@ -176,6 +177,7 @@ __all__ = [
     "ttft_ms",
     "user_class_from_config",
     "valid_worker_name",
+    "group_of",
     "worker_of",
     "workers_log",
 ]

@@ -95,7 +95,7 @@ class _MasterCollector:
         self.names: dict[str, str] = {}  # client id: worker name
         self.files: dict[tuple[str, str], int] = {}  # (file kind, worker name): descriptor
         self.pingers: list[gevent.Greenlet] = []
-        self.best: dict[str, dict[str, float | int]] = {}  # client id: shortest-trip sample
+        self.samples: dict[str, list[dict[str, float | int]]] = {}  # client id: clock samples
 
     def log(self, event: str, client_id: str | None, **fields: Any) -> None:
         """Append one line to the workers' log."""
@@ -160,9 +160,7 @@ class _MasterCollector:
             return
         if msg.node_id in self.names:
             self.log(_clock.CLOCK_EVENT, msg.node_id, **measured)
-            known = self.best.get(msg.node_id)
-            if known is None or measured["rtt_s"] < known["rtt_s"]:
-                self.best[msg.node_id] = measured
+            self.samples.setdefault(msg.node_id, []).append(measured)
 
     def start_schedules(self) -> None:
         """Every worker has spawned: tell each when the shared open-loop schedule starts, on
@@ -171,7 +169,8 @@ class _MasterCollector:
         t_start = time.monotonic() + _clock.START_MARGIN_S
         self.log("schedule_start", None, t_start=round(t_start, 6))
         for client_id in list(self.runner.clients):
-            offset = float(self.best.get(client_id, {}).get("offset_s", 0.0))
+            clock = _clock.estimate(self.samples.get(client_id, []))
+            offset = clock.offset_s if clock is not None else 0.0
             self.runner.send_message(
                 _clock.SCHEDULE_START, {"t0": t_start + offset}, client_id=client_id
             )

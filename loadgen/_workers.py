@@ -57,6 +57,13 @@ def group_files(run_dir: str | os.PathLike[str], kind: str, group: str) -> list[
     return ([single] if single.exists() else []) + workers
 
 
+def group_of(path: Path) -> str:
+    """The group name in a file name made by :func:`group_file` (``<kind>-<group>[@<worker>]``;
+    a file kind never contains ``-``)."""
+    stem = path.name.removesuffix(".jsonl")
+    return stem.partition("-")[2].partition("@")[0]
+
+
 def worker_of(path: Path) -> str | None:
     """The worker name in a file name made by :func:`group_file`, or ``None``."""
     stem = path.name.removesuffix(".jsonl")

@@ -18,6 +18,15 @@ from harness.lifecycle import run_scenario
 from harness.scenario import parse_scenario
 from tests.conftest import REPO, VLLM_ARGS, ZEROWINDOW, only_run_dir, tiny_model  # noqa: F401
 
+# Two users that would stream for minutes: the load a run is stopped or killed in the middle of.
+LONG_LOAD = """
+[[groups]]
+name = "fast"
+users = 2
+requests_per_user = 1000
+max_tokens = 32
+"""
+
 pytestmark = pytest.mark.vllm
 
 
@@ -156,13 +165,7 @@ def test_sigterm_keeps_partial_results(vllm_server, tmp_path):
     scenario.write_text(
         _scenario(
             vllm_server,
-            """
-[[groups]]
-name = "fast"
-users = 2
-requests_per_user = 1000
-max_tokens = 32
-""",
+            LONG_LOAD,
             name="long",
         )
     )
@@ -209,12 +212,8 @@ name = "die"
 kind = "sim"
 [target.engine]
 step_fixed_ms = 5.0
-[[groups]]
-name = "fast"
-users = 2
-requests_per_user = 1000
-max_tokens = 32
 """
+        + LONG_LOAD
     )
     out = tmp_path / "out"
     proc = subprocess.Popen(
@@ -269,12 +268,8 @@ name = "orphan"
 kind = "vllm"
 model = "{tiny_model}"
 extra_args = [{", ".join(f'"{a}"' for a in [*VLLM_ARGS, "--enforce-eager"])}]
-[[groups]]
-name = "fast"
-users = 2
-requests_per_user = 1000
-max_tokens = 32
 """
+        + LONG_LOAD
     )
     out = tmp_path / "out"
     proc = subprocess.Popen(

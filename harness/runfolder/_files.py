@@ -16,6 +16,7 @@ from loadgen import (
     RequestRecord,
     clock_estimates,
     group_files,
+    group_of,
     read_records,
     to_harness_clock,
     worker_of,
@@ -58,8 +59,7 @@ def run_records(run_dir: Path, groups: list[str] | None = None) -> list[RequestR
     ``loadgen._clock``) has its records moved by its offset. Raises ``OSError`` for a file that
     cannot be read, ``ValueError`` for a malformed line."""
     if groups is None:
-        groups = sorted({p.name[len("records-") : -len(".jsonl")].split("@")[0]
-                         for p in run_dir.glob("records-*.jsonl")})  # fmt: skip
+        groups = sorted({group_of(p) for p in run_dir.glob("records-*.jsonl")})
     records: list[RequestRecord] = []
     for group in groups:
         clocks = clock_estimates(run_dir, group)
