@@ -18,6 +18,7 @@ from harness.servers import (
     make_target,
     read_figures,
 )
+from harness.servers._metric_names import EXTRA_PRESETS
 
 
 def _names(kind: str) -> tuple[MetricNames, ...]:
@@ -139,7 +140,8 @@ def test_a_url_target_reads_every_registered_engine():
     assert url.read_metrics(LLAMA_SERVER_TEXT)["num_requests_waiting"] == 1.0
     kinds = [k for k in TARGETS.kinds() if TARGETS.get(k).metric_names is not None]
     assert {"vllm", "sim", "llama-server", "llama-cpp-python"} <= set(kinds)
-    assert set(known_metric_names()) == {TARGETS.get(k).metric_names for k in kinds}
+    kinds_names = {TARGETS.get(k).metric_names for k in kinds}
+    assert set(known_metric_names()) == kinds_names | set(EXTRA_PRESETS.values())
     assert url.metric_names() == known_metric_names()
 
 

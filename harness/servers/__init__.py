@@ -2,8 +2,9 @@
 
 Targets: ``vllm`` (a real vLLM server), ``llama-cpp-python`` (its OpenAI server, with the
 probe wrapper), ``llama-server`` (llama.cpp's C++ server), ``sim`` (the built-in engine
-emulator), ``url`` (a server already running). Proxies: ``none``, ``nginx``, ``haproxy``,
-``envoy``, ``egress`` (the toolkit's decoupled egress buffer). Each kind's module holds its
+emulator), ``url`` (a server already running), ``command`` (any server from a command line).
+Proxies: ``none``, ``nginx``, ``haproxy``, ``envoy``, ``egress`` (the toolkit's decoupled
+egress buffer), ``command`` (any proxy or gateway from a command line). Each kind's module holds its
 options (a config model registered with :data:`TARGETS` or :data:`PROXIES`), its server class
 and nothing else: a target kind declares its metric names (:class:`MetricNames`), whether it
 writes the engine tables, its versions and its idle test; a proxy kind, how the proxy
@@ -14,6 +15,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from harness.servers import (  # noqa: F401
+    _command,
     _egress,
     _envoy,
     _haproxy,
@@ -39,6 +41,7 @@ from harness.servers._base import (
     known_metric_names,
     make_proxy,
     make_target,
+    metric_presets,
 )
 
 if TYPE_CHECKING:  # loaded on first use: they import torch, gguf, the build tools
@@ -74,6 +77,7 @@ __all__ = [
     "SCALAR_FIGURES",
     "VLLM_METRICS",
     "known_metric_names",
+    "metric_presets",
     "package_version",
     "read_figures",
     "make_tiny_model",

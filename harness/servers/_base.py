@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict
 
 from harness._engine_probe import STATUS_FILE, read_status
 from harness.servers._metric_names import (
+    EXTRA_PRESETS,
     HISTOGRAM_FIGURES,
     SCALAR_FIGURES,
     MetricNames,
@@ -218,14 +219,21 @@ ProxyConfig = Annotated[ProxyConfigBase, PROXIES.validator, PROXIES.serializer]
 """A scenario field holding any registered proxy config, chosen by its ``kind``."""
 
 
+def metric_presets() -> dict[str, MetricNames]:
+    """Metric names by preset name: every registered target kind's own (by its kind: ``vllm``,
+    ``sim``, ``llama-server``..., a plugin's kind from when it is registered), then those of
+    engines without a kind (:data:`~harness.servers._metric_names.EXTRA_PRESETS`: ``sglang``).
+    What a ``command`` target's ``metrics = "NAME"`` picks."""
+    out = {k: m for k in TARGETS.kinds() if (m := TARGETS.get(k).metric_names) is not None}
+    return {**out, **EXTRA_PRESETS}
+
+
 def known_metric_names() -> tuple[MetricNames, ...]:
-    """The metric names of every registered target kind, each once, in the order of their
-    kinds: how a server of unknown kind (a ``url`` target) is read. A kind registered later
-    (a plugin) counts from then on."""
+    """Every preset's metric names (:func:`metric_presets`), each once, registered kinds first:
+    how a server of unknown kind (a ``url`` target) is read."""
     out: list[MetricNames] = []
-    for model in TARGETS.models():
-        names = model.metric_names
-        if names is not None and names not in out:
+    for names in metric_presets().values():
+        if names not in out:
             out.append(names)
     return tuple(out)
 

@@ -5,6 +5,7 @@ mean the engine died."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -28,6 +29,8 @@ class LaunchedTarget(Target):
     log_name: ClassVar[str]
     DEAD_MARKERS: ClassVar[tuple[str, ...]] = ()
     config: Any  # a kind's options with the fields above; each subclass names its model
+    cwd: Path | None = None
+    """The working directory it starts in (``None``: the harness's)."""
 
     def __init__(self, config: Any) -> None:
         self.config = config
@@ -51,6 +54,11 @@ class LaunchedTarget(Target):
     def processes(self) -> list[ServerProcess]:
         return [self.server]
 
+    def ready_check(self) -> Callable[[Callable[[], str | None]], object] | None:
+        """How the launch waits for the server, given the callable that says why it died
+        (``None``, the default: until ``GET /health`` answers 200)."""
+        return None
+
     def launch_env(self) -> dict[str, str]:
         """Environment variables added to the server's: the configuration's ``env`` over
         ``HF_HUB_OFFLINE=1`` (never reach out to a model hub: a model that is not on disk is an
@@ -72,7 +80,9 @@ class LaunchedTarget(Target):
                 url=self.base_url,
                 timeout_s=self.config.startup_timeout_s,
                 env=env,
+                cwd=self.cwd,
                 alive=self.failure,  # also sees death markers in the log
+                ready=self.ready_check(),
             )
         except TargetError as exc:
             raise TargetError(f"{exc}{self._last_error()}; see {self.log_path}") from None

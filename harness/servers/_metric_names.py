@@ -82,6 +82,24 @@ class MetricNames:
         return names
 
 
+SGLANG_METRICS = MetricNames(
+    kv_cache_usage=("sglang:token_usage",),
+    num_requests_running=("sglang:num_running_reqs",),
+    num_requests_waiting=("sglang:num_queue_reqs",),
+    num_preemptions_total=("sglang:num_retracted_requests_total",),
+    generation_tokens_total=("sglang:generation_tokens_total",),
+    ttft_seconds=("sglang:time_to_first_token_seconds",),
+    itl_seconds=("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"),
+    e2e_seconds=("sglang:e2e_request_latency_seconds",),
+)
+"""SGLang's names (``python/sglang/srt/metrics/collector.py``, served with
+``--enable-metrics``): its KV usage is the token pool's (``token_usage``, 0..1), a preemption is
+a retraction. It serves no finished-request counter by reason."""
+EXTRA_PRESETS: dict[str, MetricNames] = {"sglang": SGLANG_METRICS}
+"""Metric names of engines the toolkit has no kind for, by the name a ``command`` target's
+``metrics`` gives (beside every target kind's own: ``_base.metric_presets``)."""
+
+
 def read_figures(text: str, names: Sequence[MetricNames]) -> dict[str, float]:
     """The figures of a Prometheus text exposition ``text`` by ``names`` (several: the names of
     each are tried in turn, so one call reads whichever of those engines answered):

@@ -53,8 +53,11 @@ def start_process(
     return proc
 
 
-def stop_process_group(proc: subprocess.Popen[bytes], *, grace_s: float = 10.0) -> int | None:
-    """Stop the process group led by ``proc``: SIGTERM, then SIGKILL after ``grace_s`` seconds.
+def stop_process_group(
+    proc: subprocess.Popen[bytes], *, grace_s: float = 10.0, sig: int = signal.SIGTERM
+) -> int | None:
+    """Stop the process group led by ``proc``: ``sig`` (SIGTERM), then SIGKILL after ``grace_s``
+    seconds.
 
     Children that outlive the leader are killed too. Returns the leader's exit code. Safe to
     call more than once.
@@ -68,7 +71,7 @@ def stop_process_group(proc: subprocess.Popen[bytes], *, grace_s: float = 10.0) 
             return False
 
     if proc.poll() is None:
-        _signal(signal.SIGTERM)
+        _signal(sig)
         try:
             proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
@@ -107,18 +110,25 @@ class ServerProcess:
         url: str,
         timeout_s: float,
         env: dict[str, str] | None = None,
+        cwd: Path | None = None,
         alive: Callable[[], str | None] | None = None,
+        ready: Callable[[Callable[[], str | None]], object] | None = None,
     ) -> None:
-        """Start ``argv`` (see :func:`start_process`) and wait until ``{url}/health`` answers
-        200. ``alive`` reports an early death (default: :meth:`failure`). Raises
-        :class:`TargetError` if it cannot start, dies or stays unhealthy."""
+        """Start ``argv`` in ``cwd`` (see :func:`start_process`) and wait until it is ready:
+        ``ready(alive)`` when given (it raises :class:`TargetError` when the server is not),
+        else until ``{url}/health`` answers 200. ``alive`` reports an early death (default:
+        :meth:`failure`). Raises :class:`TargetError` if it cannot start, dies or stays
+        unready."""
         try:
             self.proc = start_process(
-                argv, log_path=log_path, env=env, netns=self.netns, cpus=self.cpus
+                argv, log_path=log_path, env=env, cwd=cwd, netns=self.netns, cpus=self.cpus
             )
         except OSError as exc:
             raise TargetError(f"cannot start {self.label} ({argv[0]}): {exc}") from None
-        wait_healthy(url, timeout_s=timeout_s, alive=alive or self.failure)
+        if ready is not None:
+            ready(alive or self.failure)
+        else:
+            wait_healthy(url, timeout_s=timeout_s, alive=alive or self.failure)
 
     def failure(self) -> str | None:
         """``None`` while the process runs, else why it does not."""
@@ -127,7 +137,8 @@ class ServerProcess:
         code = self.proc.poll()
         return None if code is None else f"{self.label} exited with code {code}"
 
-    def stop(self, *, grace_s: float) -> None:
-        """Stop the process group (see :func:`stop_process_group`); safe to call twice."""
+    def stop(self, *, grace_s: float, sig: int = signal.SIGTERM) -> None:
+        """Stop the process group with ``sig``, then SIGKILL after ``grace_s`` (see
+        :func:`stop_process_group`); safe to call twice."""
         if self.proc is not None:
-            stop_process_group(self.proc, grace_s=grace_s)
+            stop_process_group(self.proc, grace_s=grace_s, sig=sig)

@@ -16,6 +16,7 @@ The run records what answered (``run.json``, ``target.readiness``).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Annotated, Literal
 
 import httpx
@@ -102,13 +103,24 @@ ReadinessConfig = Annotated[Readiness, READINESS.validator, READINESS.serializer
 """A field holding any registered readiness kind, chosen by its ``kind``."""
 
 
-def wait_ready(readiness: Readiness, base_url: str, *, model: str, timeout_s: float) -> str:
+def wait_ready(
+    readiness: Readiness,
+    base_url: str,
+    *,
+    model: str,
+    timeout_s: float,
+    alive: Callable[[], str | None] | None = None,
+) -> str:
     """Ask every 0.5 s until ``readiness`` says ready; return what answered, with the time
-    it took. Raises :class:`~zwcore.TargetError` naming the last answer after ``timeout_s``."""
+    it took. ``alive`` (optional) gives why the server died, or ``None`` while it runs: asking
+    stops then. Raises :class:`~zwcore.TargetError` naming the last answer after ``timeout_s``,
+    or why the server died."""
     t0 = time.monotonic()
     last = "no answer yet"
     with httpx.Client(timeout=_REQUEST_TIMEOUT_S) as client:
         while True:
+            if alive is not None and (reason := alive()):
+                raise TargetError(f"failed while starting: {reason} (last: {last})")
             try:
                 ready, last = readiness.check(client, base_url, model=model)
             except httpx.HTTPError as exc:
