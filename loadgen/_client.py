@@ -34,6 +34,7 @@ def _record(spec: RequestSpec, t_send: float) -> RequestRecord:
         group=spec.group,
         network_profile=spec.network_profile,
         endpoint=spec.endpoint,
+        stream=spec.stream,
         max_tokens=spec.max_tokens,
         prompt_tokens_requested=spec.prompt_tokens,
         t_send=t_send,
@@ -110,6 +111,6 @@ def stream_request(
         stream.sock.close()
         record.t_end = time.monotonic()
         stream.record_stamps()
+    record.outcome = stream.response.outcome(ending)  # first: it reads an answer sent whole
     record.completion_tokens = stream.response.tokens.total
-    record.outcome = stream.response.outcome(ending)
     return record

@@ -30,8 +30,8 @@ _NAME = r"^[A-Za-z0-9][A-Za-z0-9_-]*$"
 
 class ClientMixEntry(BaseModel):
     """One behaviour of a group's client mix: drawn for a request with probability ``weight``
-    over the sum of the weights. ``read``, ``action`` and ``rcvbuf_bytes`` default to the
-    group's; ``name`` (default: the read kind, then the action kind if any, joined by ``-``)
+    over the sum of the weights. ``read``, ``action``, ``rcvbuf_bytes`` and ``stream`` default
+    to the group's; ``name`` (default: the read kind, then the action kind if any, joined by ``-``)
     labels the requests (``requests.parquet``'s ``behaviour``) and their figures
     (``<group>.<name>.<figure>``)."""
 
@@ -42,16 +42,22 @@ class ClientMixEntry(BaseModel):
     read: ReadConfig | None = None
     action: ActionConfig | None = None
     rcvbuf_bytes: int | None = Field(None, ge=1)
+    stream: bool | None = Field(None, description="false: the answer asked for whole")
 
     def resolved(self, group: UserGroupConfig) -> ClientMixEntry:
         """This entry with the group's defaults filled in and its name set."""
         read = self.read or group.read
         action = self.action if self.action is not None else group.action
-        name = self.name or "-".join([read.kind, *([action.kind] if action else [])])
+        stream = self.stream if self.stream is not None else group.stream
+        kinds = [read.kind, *([action.kind] if action else []), *([] if stream else ["whole"])]
+        name = self.name or "-".join(kinds)
         rcvbuf = self.rcvbuf_bytes if self.rcvbuf_bytes is not None else group.rcvbuf_bytes
         return self.model_copy(
-            update={"name": name, "read": read, "action": action, "rcvbuf_bytes": rcvbuf}
-        )
+            update={
+                "name": name, "read": read, "action": action, "rcvbuf_bytes": rcvbuf,
+                "stream": stream,
+            }
+        )  # fmt: skip
 
 
 class UserGroupConfig(BaseModel):
@@ -72,6 +78,7 @@ class UserGroupConfig(BaseModel):
     since the group's load process runs behind one link.
     ``network_profile``: label of the link the group's process runs behind (recorded as is).
     ``endpoint``: ``completions`` (``/v1/completions``) or ``chat`` (``/v1/chat/completions``).
+    ``stream``: ``False`` asks for each answer whole (``stream: false``).
     ``prompt_tokens``: approximate prompt length (words of a deterministic prompt);
     ``max_tokens``: the output length asked for; either may be a length distribution drawn per
     request (``loadgen._lengths``).
@@ -82,7 +89,8 @@ class UserGroupConfig(BaseModel):
 
     Validation errors (``pydantic.ValidationError``): out-of-range numbers, unknown fields or
     kinds, a ``stall``/``stop_reading`` pause not shorter than ``timeout_s``, a closed loop
-    without ``users`` or ``requests_per_user``, an open loop with them.
+    without ``users`` or ``requests_per_user``, an open loop with them, an action that waits
+    for tokens of an answer asked for whole.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -110,6 +118,12 @@ class UserGroupConfig(BaseModel):
     )
     network_profile: str = "none"
     endpoint: Literal["completions", "chat"] = "completions"
+    stream: bool = Field(
+        True,
+        description="false: each answer asked for whole (stream: false), so TTFT is the whole "
+        "answer's arrival and there is no ITL; actions act at once (after_tokens = 0) or on time "
+        "(leave after_s)",
+    )
     prompt_tokens: TokenCount = Field(
         default=32, description="prompt length (tokens): a number, or a length distribution"
     )
@@ -171,6 +185,18 @@ class UserGroupConfig(BaseModel):
         """Locust users of the group when it runs in ``processes`` load processes: its
         ``users`` (closed loop), or one schedule dispatcher per process (open loop)."""
         return processes if self.users is None else self.users
+
+    @model_validator(mode="after")
+    def _no_tokens_to_wait_for(self) -> UserGroupConfig:
+        pairs = [(self.stream, self.action)] + [(e.stream, e.action) for e in self.behaviours()]
+        for stream, action in pairs:
+            if not stream and action is not None and action.after_tokens:
+                raise ValueError(
+                    f"{action.kind} after_tokens = {action.after_tokens} with stream = false: "
+                    "an answer asked for whole brings no token before it ends; act at once "
+                    "(after_tokens = 0) or on time (leave with after_s)"
+                )
+        return self
 
     @model_validator(mode="after")
     def _pause_fits_deadline(self) -> UserGroupConfig:

@@ -32,8 +32,10 @@ def request_body(
     max_tokens: int,
     ignore_eos: bool,
     min_tokens: bool = False,
+    stream: bool = True,
 ) -> dict[str, Any]:
-    """The JSON body of one streaming request.
+    """The JSON body of one request: streamed (``stream: true`` with usage in every chunk), or
+    with ``stream=False`` answered whole (``stream: false``; OpenAI API reference).
 
     ``endpoint="completions"`` sends ``prompt``; ``"chat"`` sends one user message. ``ignore_eos``
     is sent only when true (it is a vLLM extension that other servers may reject), and so is
@@ -49,8 +51,9 @@ def request_body(
     else:
         raise ValueError(f"unknown endpoint {endpoint!r}; valid: {sorted(ENDPOINT_PATHS)}")
     body["max_tokens"] = max_tokens
-    body["stream"] = True
-    body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+    body["stream"] = stream
+    if stream:
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
     if ignore_eos:
         body["ignore_eos"] = True
     if min_tokens:
@@ -102,6 +105,7 @@ class _Delta(msgspec.Struct):
 class _Choice(msgspec.Struct):
     text: str | None = None
     delta: _Delta | None = None
+    message: _Delta | None = None  # a chat answer sent whole (``stream: false``)
     finish_reason: str | None = None
 
 
@@ -121,7 +125,9 @@ _DONE = Payload(kind="done")
 
 
 def parse_payload(data: str | bytes, *, event_type: str = "message") -> Payload:
-    """Interpret the data of one SSE event of an OpenAI-compatible stream. Never raises.
+    """Interpret the data of one SSE event of an OpenAI-compatible stream, or the body of an
+    answer sent whole (``stream: false``: its one choice's ``message`` or ``text``, its usage,
+    as one chunk). Never raises.
 
     An event of type ``error``, an object with an ``error`` key, or an object with
     ``"object": "error"`` (older vLLM) is an error; so are malformed JSON and non-objects.
@@ -153,14 +159,14 @@ def _from_chunk(chunk: _Chunk) -> Payload:
     choices = chunk.choices
     if len(choices) == 1:  # the usual case (n = 1)
         choice = choices[0]
-        delta = choice.delta
+        delta = choice.delta or choice.message
         text = (delta.content if delta is not None else choice.text) or ""
         finish_reason = choice.finish_reason
     else:
         finish_reason = None
         texts: list[str] = []
         for choice in choices:
-            delta = choice.delta
+            delta = choice.delta or choice.message
             piece = delta.content if delta is not None else choice.text
             if piece is not None:
                 texts.append(piece)
@@ -206,7 +212,7 @@ def _parse_generic(data: str | bytes, event_type: str) -> Payload:
     for choice in choices:
         if not isinstance(choice, dict):
             continue
-        delta = choice.get("delta")
+        delta = choice.get("delta") or choice.get("message")
         piece = delta.get("content") if isinstance(delta, dict) else choice.get("text")
         if isinstance(piece, str):
             texts.append(piece)

@@ -75,6 +75,8 @@ class RequestRecord:
     ``t_scheduled`` is when an open-loop schedule meant the request to be sent (``None`` in a
     closed loop); ``t_send - t_scheduled`` is the client's send lag; ``schedule_index`` the
     request's position in the whole schedule (every load process sending a share of it).
+    ``stream`` is False for a request whose answer was asked for whole (``stream: false``):
+    its one chunk is the whole answer, so its first token is the whole answer's arrival.
     ``behaviour`` names the client-mix entry the request was drawn as (``None`` without a mix).
     ``clock_bound_ms`` is set by the harness, never by the client: for a record of a worker on
     another clock, moved onto the harness's (``loadgen._clock``), how far its times may be off
@@ -90,6 +92,7 @@ class RequestRecord:
     prompt_tokens_requested: int
     t_send: float
     t_send_wall: float
+    stream: bool = True  # False: the answer was asked for whole (``stream: false``)
     outcome: str = "timeout"
     client_addr: str | None = None
     client_port: int | None = None

@@ -22,7 +22,8 @@ USER_AGENT = "zerowindow-loadgen"
 class RequestSpec:
     """What to send, and how the client reads and behaves.
 
-    ``host``: base URL, ``http://HOST[:PORT][/PREFIX]`` (no TLS). ``prompt_tokens`` is the
+    ``host``: base URL, ``http://HOST[:PORT][/PREFIX]`` (no TLS). ``stream``: streamed (SSE),
+    or ``False``, the answer sent whole (one JSON body). ``prompt_tokens`` is the
     requested prompt length (approximate tokens), recorded as is. ``timeout_s`` is the deadline
     of the whole request counted from ``t_send``. ``rcvbuf_bytes``: ``SO_RCVBUF`` set before
     ``connect`` (Linux doubles it, socket(7)); ``None`` keeps the kernel default and
@@ -40,6 +41,7 @@ class RequestSpec:
     prompt: str
     prompt_tokens: int
     endpoint: Endpoint = "completions"
+    stream: bool = True
     max_tokens: int = 128
     ignore_eos: bool = True
     min_tokens: bool = False
@@ -82,7 +84,8 @@ def target(base_url: str, endpoint: Endpoint) -> Target:
 
 def request_bytes(spec: RequestSpec, target: Target) -> bytes:
     """The whole HTTP/1.1 request of ``spec`` to ``target``: a ``POST`` of the endpoint's JSON
-    body with ``Accept: text/event-stream``, ``Connection: close`` and ``X-Request-Id``."""
+    body with ``Accept: text/event-stream`` (``application/json`` when not streamed),
+    ``Connection: close`` and ``X-Request-Id``."""
     body = json.dumps(
         request_body(
             endpoint=spec.endpoint,
@@ -91,6 +94,7 @@ def request_bytes(spec: RequestSpec, target: Target) -> bytes:
             max_tokens=spec.max_tokens,
             ignore_eos=spec.ignore_eos,
             min_tokens=spec.min_tokens,
+            stream=spec.stream,
         )
     ).encode("utf-8")
     request = h11.Request(
@@ -100,7 +104,7 @@ def request_bytes(spec: RequestSpec, target: Target) -> bytes:
             ("Host", target.host_header),
             ("User-Agent", USER_AGENT),
             ("Content-Type", "application/json"),
-            ("Accept", "text/event-stream"),
+            ("Accept", "text/event-stream" if spec.stream else "application/json"),
             ("Content-Length", str(len(body))),
             ("Connection", "close"),
             ("X-Request-Id", spec.request_id),

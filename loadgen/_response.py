@@ -2,7 +2,8 @@
 uvicorn uses), its SSE events turned into the record's chunks, and the outcome they add up to.
 
 The parser hands the (de-chunked) body bytes of each ``recv`` to :meth:`Response.take_body`,
-which feeds them to the SSE decoder in one call.
+which feeds them to the SSE decoder in one call. An answer asked for whole (``stream: false``)
+is kept until the message ends and read as one chunk stamped with the read that completed it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from ._records import Chunk, RequestRecord
 from ._sse import SSEDecoder
 
 _MAX_ERROR_BODY_BYTES = 4096
+_MAX_ANSWER_BYTES = 64 * 1024 * 1024
+"""An answer sent whole is kept up to this size; the rest is counted, not kept."""
 
 
 class Response:
@@ -21,8 +24,10 @@ class Response:
     them from ``parser.feed_data``) and the SSE events, written into ``record``. The reader sets
     :attr:`t_read`, the stamp of the ``recv`` being parsed, before feeding it."""
 
-    def __init__(self, record: RequestRecord) -> None:
+    def __init__(self, record: RequestRecord, *, stream: bool = True) -> None:
         self.record = record
+        self.stream = stream  # False: one JSON answer, not an event stream
+        self.answer = bytearray()  # the body of an answer sent whole
         self.decoder = SSEDecoder()
         self.tokens = TokenCounter()
         self.done = False  # `[DONE]` seen
@@ -75,6 +80,9 @@ class Response:
         data = body[0] if len(body) == 1 else b"".join(body)
         body.clear()
         rec = self.record
+        if not self.stream and rec.http_status == 200:
+            self.answer.extend(data[: max(0, _MAX_ANSWER_BYTES - len(self.answer))])
+            return
         if rec.http_status != 200 or not self.sse:
             room = _MAX_ERROR_BODY_BYTES - len(self.body_head)
             self.body_head.extend(data[: max(0, room)])
@@ -114,10 +122,30 @@ class Response:
         body = self.body_head.decode("utf-8", errors="replace").strip()
         return message + (f": {body[:500]}" if body else "")
 
+    def _read_answer(self) -> None:
+        """The whole answer (``stream: false``), once its message ended: one chunk of all its
+        tokens, stamped with the read that completed it (so its first token is the whole
+        answer's arrival), or the error it holds."""
+        payload = parse_payload(bytes(self.answer))
+        rec = self.record
+        if payload.kind == "error":
+            self.error_seen = True
+            rec.error = payload.error
+            return
+        tokens = self.tokens.chunk_tokens(payload)
+        rec.prompt_tokens = payload.prompt_tokens
+        rec.stream_id = payload.stream_id
+        rec.finish_reason = payload.finish_reason
+        rec.chunks.append(Chunk(self.t_read, tokens, len(self.answer), payload.text))
+        if tokens:
+            rec.t_first_token = self.t_read
+        self.done = True
+
     def outcome(self, ending: str) -> str:
         """Final outcome, given how reading ended (``ending``: ``"eom"``, ``"protocol_error"``
         or an outcome): HTTP status first, then a 200 that is not an event stream (and never
-        sent ``[DONE]``), error events, ``[DONE]``, then the ending. Sets the record's
+        sent ``[DONE]``), error events, ``[DONE]``, then the ending. An answer asked for whole
+        is ``complete`` once its message ended holding a completion. Sets the record's
         ``error`` where the outcome needs a detail."""
         rec = self.record
         if rec.http_status is not None and rec.http_status != 200:
@@ -125,6 +153,12 @@ class Response:
             return "http_error"
         if ending == "protocol_error":
             return "http_error"
+        if not self.stream:
+            if ending == "eom" and rec.http_status == 200 and not self.done:
+                self._read_answer()
+            if self.error_seen:
+                return "server_error_event"
+            return "complete" if self.done else ending
         if rec.http_status == 200 and not self.sse and not self.done and not self.error_seen:
             ct = "none" if self.content_type is None else self.content_type.decode("latin-1")
             rec.error = self._with_body(f"HTTP 200 with Content-Type {ct}, not text/event-stream")

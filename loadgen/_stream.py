@@ -47,7 +47,7 @@ class Stream:
         self.record = record
         self.deadline = deadline
         self.sock = sock
-        self.response = Response(record)
+        self.response = Response(record, stream=spec.stream)
         self.arrival: ArrivalClock | None = None  # kernel arrival stamps, when they are used
 
     # StreamControl

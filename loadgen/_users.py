@@ -81,7 +81,8 @@ class StreamingUser(User):
     """A user that reads its streams at full speed (``recv(65536)``).
 
     Class attributes (override in a subclass): ``host`` (base URL, ``http://`` only),
-    ``model``, ``endpoint`` (``"completions"`` | ``"chat"``), ``prompt_tokens``,
+    ``model``, ``endpoint`` (``"completions"`` | ``"chat"``), ``stream`` (``False``: each
+    answer asked for whole), ``prompt_tokens``,
     ``max_tokens`` (each a number or a ``loadgen._lengths`` distribution, drawn per
     request), ``ignore_eos``, ``min_tokens`` (send ``min_tokens = max_tokens``),
     ``timeout_s`` (per-request deadline, s), ``read``
@@ -103,6 +104,7 @@ class StreamingUser(User):
 
     model: ClassVar[str] = ""
     endpoint: ClassVar[Endpoint] = "completions"
+    stream: ClassVar[bool] = True
     prompt_tokens: ClassVar[int | LengthBase] = 32
     max_tokens: ClassVar[int | LengthBase] = 128
     ignore_eos: ClassVar[bool] = True
@@ -153,6 +155,7 @@ class StreamingUser(User):
         prompt_tokens = planned.prompt_tokens or draw_tokens(cls.prompt_tokens, lengths)
         max_tokens = planned.max_tokens or draw_tokens(cls.max_tokens, lengths)
         read, action, rcvbuf, behaviour = self._zw_read, self._zw_action, cls.rcvbuf_bytes, None
+        stream = cls.stream
         entry = planned.behaviour
         if entry is None and cls.mix:
             entry = random.Random(prompt_seed(seed, "mix")).choices(
@@ -161,6 +164,7 @@ class StreamingUser(User):
         if entry is not None:
             read = entry.read or read  # resolved entries carry their group's defaults
             action, rcvbuf, behaviour = entry.action, entry.rcvbuf_bytes, entry.name
+            stream = entry.stream if entry.stream is not None else stream
         prompt = (
             build_prefixed_prompt(planned.prefix_blocks, planned.block_tokens, prompt_tokens, seed)
             if planned.prefix_blocks
@@ -172,6 +176,7 @@ class StreamingUser(User):
             prompt=prompt,
             prompt_tokens=prompt_tokens,
             endpoint=cls.endpoint,
+            stream=stream,
             max_tokens=max_tokens,
             ignore_eos=cls.ignore_eos,
             min_tokens=cls.min_tokens,
@@ -408,6 +413,7 @@ def user_class_from_config(
         "group_name": group.name,
         "network_profile": group.network_profile,
         "endpoint": group.endpoint,
+        "stream": group.stream,
         "prompt_tokens": group.prompt_tokens,
         "max_tokens": group.max_tokens,
         "ignore_eos": group.ignore_eos,

@@ -1,7 +1,9 @@
-"""Any server from a command line: the ``command`` target and proxy kinds
-(``harness.servers._command``). One run starts the toy engine program (the emulator serving
-metric names of its own) as a ``command`` target whose names the scenario declares, behind the
-egress buffer started as a ``command`` proxy; the rest checks what a scenario may say."""
+"""Any stack: the ``command`` target and proxy kinds (``harness.servers._command``) and answers
+asked for whole (``stream = false``). One run starts the toy engine program (the emulator
+serving metric names of its own) as a ``command`` target whose names the scenario declares,
+behind the egress buffer started as a ``command`` proxy, with a streaming group, a group asking
+for whole answers and one that leaves before its whole answer comes; the rest checks what a
+scenario may say."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import pytest
 from harness import ScenarioError, parse_scenario, run_scenario
 from harness.servers import PROXIES, TARGETS, known_metric_names, make_target, metric_presets
 from harness.servers._metric_names import SGLANG_METRICS, read_figures
+from loadgen._openai import parse_payload, request_body
 from tests.conftest import REPO
 
 SCENARIO = """
@@ -50,6 +53,24 @@ users = 2
 requests_per_user = 2
 prompt_tokens = 16
 max_tokens = 64
+
+[[groups]]
+name = "whole"
+stream = false
+users = 2
+requests_per_user = 1
+prompt_tokens = 16
+max_tokens = 64
+
+[[groups]]
+name = "whole-leave"
+stream = false
+endpoint = "chat"
+users = 2
+requests_per_user = 1
+prompt_tokens = 16
+max_tokens = 64
+action = {{ kind = "leave", after_s = 0.2 }}
 """
 
 
@@ -75,11 +96,18 @@ def _scenario(tmp_path, **extra: str):
     return parse_scenario(_text(**extra), path=tmp_path / "s.toml")
 
 
-def test_a_command_target_behind_a_command_proxy_runs_and_is_read_by_its_declared_names(
-    tmp_path,
-):
+@pytest.fixture(scope="module")
+def any_stack_run(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("any-stack")
     result = run_scenario(_scenario(tmp_path), out_root=tmp_path)
     assert result.exit_code == 0, result.summary.failure
+    return result
+
+
+def test_a_command_target_behind_a_command_proxy_runs_and_is_read_by_its_declared_names(
+    any_stack_run,
+):
+    result = any_stack_run
     run_dir = result.run_dir
     assert result.summary.groups[0].outcomes == {"complete": 4}
     info = json.loads((run_dir / "run.json").read_text())
@@ -96,8 +124,10 @@ def test_a_command_target_behind_a_command_proxy_runs_and_is_read_by_its_declare
     metrics = pd.read_parquet(run_dir / "server_metrics.parquet")
     assert metrics["kv_cache_usage"].max() > 0 and metrics["num_requests_running"].max() > 0
     server = json.loads((run_dir / "summary.json").read_text())["server"]
-    assert server["generation_tokens"] == 256  # 4 requests of 64 tokens
-    assert {why: n for why, n in server["request_success"].items() if n} == {"length": 4.0}
+    # 6 answers of 64 tokens, and what the engine made for the two that left
+    assert 6 * 64 < server["generation_tokens"] < 8 * 64
+    finished = {why: n for why, n in server["request_success"].items() if n}
+    assert finished == {"length": 6.0, "abort": 2.0}
     # engine_tables = true: the engine wrote its tables into the run folder
     assert info["engine_probe"]["status"] not in ("not_run", "failed")
     assert (run_dir / "engine_steps.parquet").is_file()
@@ -106,12 +136,59 @@ def test_a_command_target_behind_a_command_proxy_runs_and_is_read_by_its_declare
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
+def test_whole_answers_arrive_as_one_chunk_and_their_leavers_are_aborted(any_stack_run):
+    requests = pd.read_parquet(any_stack_run.run_dir / "requests.parquet").set_index("request_id")
+    whole = requests[requests["group"] == "whole"]
+    assert list(whole["outcome"]) == ["complete"] * 2 and not whole["stream"].any()
+    assert (whole["completion_tokens"] == 64).all() and (whole["n_chunks"] == 1).all()
+    assert (
+        whole["finish_reason"].eq("length").all()
+        and whole["stream_id"].str.startswith("cmpl-").all()
+    )
+    # the first token is the whole answer: it comes after 64 steps of 10 ms, with the last byte
+    assert (whole["ttft_ms"] > 600).all() and whole["tpot_ms"].isna().all()
+    assert ((whole["t_last_byte"] - whole["t_first_token"]).abs() < 1e-6).all()
+    assert requests.loc[requests["group"] == "fast", "stream"].all()
+    # leavers before their whole answer: the engine's own records say it aborted them
+    left = requests[requests["group"] == "whole-leave"]
+    assert list(left["outcome"]) == ["client_abort"] * 2 and (left["completion_tokens"] == 0).all()
+    assert left["engine_finish_reason"].eq("abort").all(), left["engine_finish_reason"]
+    assert (left["tokens_after_leave"] > 0).all()
+    groups = {g.group: g for g in any_stack_run.summary.groups}
+    assert groups["whole"].whole_answers == 2 and groups["fast"].whole_answers == 0
+    assert groups["whole"].itl_p50_ms is None
+
+
 def test_a_command_that_dies_fails_the_run_with_its_reason(tmp_path):
     text = _text().replace('"tests/kind_toy_engine.py"', '"-c", "raise SystemExit(3)", "--"')
     result = run_scenario(parse_scenario(text, path=tmp_path / "s.toml"), out_root=tmp_path)
     assert result.exit_code == 2
     assert "command python" in (result.summary.failure or "")
     assert "exited with code 3" in (result.summary.failure or "")
+
+
+def test_an_action_cannot_wait_for_tokens_of_a_whole_answer(tmp_path):
+    text = _text().replace(
+        'action = { kind = "leave", after_s = 0.2 }',
+        'action = { kind = "stall", after_tokens = 4, stall_s = 1 }',
+    )
+    with pytest.raises(ScenarioError, match="stall after_tokens = 4 with stream = false"):
+        parse_scenario(text, path=tmp_path / "s.toml")
+
+
+def test_a_whole_answer_is_asked_for_and_read_as_one_chunk():
+    body = request_body(
+        endpoint="chat", model="m", prompt="hi", max_tokens=3, ignore_eos=False, stream=False
+    )
+    assert body["stream"] is False and "stream_options" not in body
+    answer = (
+        b'{"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":'
+        b'{"role":"assistant","content":"a b c"},"finish_reason":"length"}],'
+        b'"usage":{"prompt_tokens":2,"completion_tokens":3,"total_tokens":5}}'
+    )
+    payload = parse_payload(answer)
+    assert (payload.kind, payload.text, payload.completion_tokens) == ("chunk", "a b c", 3)
+    assert payload.stream_id == "chatcmpl-1" and payload.finish_reason == "length"
 
 
 def test_a_misspelt_option_is_named_at_its_line(tmp_path):

@@ -165,8 +165,7 @@ def arm_aggregate(folder: Path, record: PlanRecord, arm: Arm) -> ArmAggregate:
     evidence = evidence_of(runs)
     names = sorted({name for f in evidence.figures for name in f})
     estimates = {
-        n: estimate(evidence, n, confidence=plan.confidence, n=plan.bootstrap_draws)
-        for n in names
+        n: estimate(evidence, n, confidence=plan.confidence, n=plan.bootstrap_draws) for n in names
     }
     impacts: dict[str, float | None] = {}
     if controls:

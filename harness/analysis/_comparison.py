@@ -334,7 +334,8 @@ def compare(
         intervals={
             n: {
                 f"{g}.{c}": a.intervals[f"{g}.{c}"]
-                for g in a.groups for c in GROUP_COLUMNS
+                for g in a.groups
+                for c in GROUP_COLUMNS
                 if c.endswith("_ms") and f"{g}.{c}" in a.intervals
             }
             for n, a in figs.items()

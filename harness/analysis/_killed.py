@@ -45,10 +45,7 @@ def killed_plan_end(folder: Path, info: dict[str, Any], recorded: list[str]) -> 
         if str(p.parent.relative_to(folder)) not in recorded
     )
     left = f"; unfinished: {', '.join(unfinished)} (analyse each on its own)" if unfinished else ""
-    failure = (
-        f"its harness was killed before its clean-up, after {len(recorded)} run(s)"
-        f"{left}"
-    )
+    failure = f"its harness was killed before its clean-up, after {len(recorded)} run(s){left}"
     return ("killed" if recorded else "failed"), failure
 
 

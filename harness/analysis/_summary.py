@@ -69,6 +69,7 @@ def summarize_group(name: str, requests: pd.DataFrame, chunks: pd.DataFrame) -> 
         output_tokens_per_s=tokens / span if span else None,
         server_send_q_peak_bytes=None if (q := _maybe(peak_q)) is None else int(q),
         inter_chunk_mean_ms=float(np.mean(gaps)) * 1000.0 if gaps.size else None,
+        whole_answers=int((~req["stream"].astype(bool)).sum()) if "stream" in req else 0,
         stalled=len(stalled),
         cut_seen=len(cut),
         cut_rst=int((cut["cut_kind"] == "rst").sum()) if len(cut) else 0,

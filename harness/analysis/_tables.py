@@ -14,7 +14,7 @@ from harness.analysis._latency import tpot
 from loadgen import RequestRecord
 
 REQUEST_COLUMNS = [
-    "request_id", "group", "user_class", "network_profile", "endpoint", "outcome",
+    "request_id", "group", "user_class", "network_profile", "endpoint", "stream", "outcome",
     "http_status", "error", "finish_reason", "client_addr", "client_port",
     "t_send", "t_send_wall", "t_first_byte", "t_first_token", "t_last_byte", "t_end",
     "ttft_ms", "e2e_ms", "tpot_ms", "max_tokens", "prompt_tokens_requested", "prompt_tokens",
@@ -88,7 +88,7 @@ def requests_frame(records: list[RequestRecord], sockets: pd.DataFrame) -> pd.Da
             e2e_ms=_ms(r.t_send, r.t_end or r.t_last_byte),
             tpot_ms=(
                 None
-                if r.t_first_token is None or last_token is None
+                if r.t_first_token is None or last_token is None or not r.stream
                 else (tpot(r.t_first_token, last_token, r.completion_tokens) or float("nan"))
                 * 1000.0
             ),

@@ -106,9 +106,7 @@ class SweepBody:
         )  # fmt: skip
         run = series.run(entry, variant, None)
         groups = swept_groups(series.plan)
-        self.points.append(
-            sweep_point(run.run_dir, entry, groups, self.settings.goodput_slo_ms)
-        )
+        self.points.append(sweep_point(run.run_dir, entry, groups, self.settings.goodput_slo_ms))
         return self.points[-1].passed
 
     def __call__(self, series: Series) -> None:

@@ -26,7 +26,7 @@ def print_summary(summary: RunSummary, *, run_dir: str, console: Console | None 
         groups.add_column(col, justify="left" if col in ("group", "outcomes") else "right")
     for g in summary.groups:
         groups.add_row(
-            g.group,
+            g.group + (" (whole answers)" if g.whole_answers else ""),
             str(g.requests),
             ", ".join(f"{k} {v}" for k, v in sorted(g.outcomes.items())),
             _f(g.ttft_p50_ms, 1), _f(g.ttft_p90_ms, 1), _f(g.ttft_p99_ms, 1),
@@ -36,6 +36,10 @@ def print_summary(summary: RunSummary, *, run_dir: str, console: Console | None 
         )  # fmt: skip
     console.print(groups)
     console.print("[dim]latencies in ms; ITL per token; chunk gap = inter-chunk latency[/dim]")
+    if any(g.whole_answers for g in summary.groups):
+        console.print(
+            "[dim]whole answers (stream = false): TTFT is the whole answer's arrival[/dim]"
+        )
     s = summary.server
     source = (
         f"the engine's own {s.engine_steps:,} steps; scrapes saw peak KV "

@@ -143,6 +143,9 @@ class GroupSummary(BaseModel):
     output_tokens_per_s: float | None
     server_send_q_peak_bytes: int | None
     inter_chunk_mean_ms: float | None = None
+    whole_answers: int = 0
+    """Requests whose answer was asked for whole (``stream = false``): their TTFT is the whole
+    answer's arrival, and they have no ITL."""
     stalled: int = 0
     cut_seen: int = 0
     cut_rst: int = 0

@@ -252,7 +252,7 @@ def _check_sweep(scenario: Scenario, options: RunOptions) -> None:
         raise _refuse(
             "zerowindow sweep",
             '[gating] inconclusive = "rerun"',
-            "a sweep step is one run, with no repeats to add; use \"warn\" or \"fail\"",
+            'a sweep step is one run, with no repeats to add; use "warn" or "fail"',
         )
     if needs_baseline(scenario.gates):
         raise _refuse(

@@ -134,8 +134,16 @@ def _rules(fig: go.Figure, *, xs: Sequence[float] = (), ys: Sequence[float] = ()
     and check every subplot on each call (half a second of a report's rendering)."""
     vertical = {"dash": "dot", "color": "#888", "width": 1}
     shapes = [
-        {"type": "line", "xref": "x", "yref": "paper", "x0": x, "x1": x, "y0": 0, "y1": 1,
-         "line": vertical}
+        {
+            "type": "line",
+            "xref": "x",
+            "yref": "paper",
+            "x0": x,
+            "x1": x,
+            "y0": 0,
+            "y1": 1,
+            "line": vertical,
+        }
         for x in xs
     ]
     shapes += [

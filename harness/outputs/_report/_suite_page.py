@@ -20,9 +20,7 @@ def render_suite_report(folder: Path) -> str:
         raise RunFolderError(f"{folder / SUITE_JSON}: no cases (the suite has not ended)")
     incidents = [e for e in record["incidents"] if e.get("folder")]
     links = {e["name"]: f"{e['folder']}/report.html" for e in incidents}
-    cases: list[dict[str, Any]] = [
-        {**c, "link": links.get(c["name"])} for c in record["cases"]
-    ]
+    cases: list[dict[str, Any]] = [{**c, "link": links.get(c["name"])} for c in record["cases"]]
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(Path(__file__).parent)),
                              autoescape=True)  # fmt: skip
     return env.get_template("suite.html.j2").render(
