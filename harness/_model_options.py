@@ -24,12 +24,23 @@ def _or_none(kind: Any) -> Any:
     return parse
 
 
+def _bool(text: str) -> bool:
+    """An argparse type for a bool field: true/false, on/off, yes/no, 1/0."""
+    value = text.strip().lower()
+    if value in ("true", "on", "yes", "1"):
+        return True
+    if value in ("false", "off", "no", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
 def add_model_options(
     parser: argparse.ArgumentParser, model: type[BaseModel], *, skip: Collection[str] = ()
 ) -> None:
     """Add ``--name`` for every field of ``model`` but those in ``skip``.
 
-    A ``Literal`` field becomes a choice; ``X | None`` parses as ``X``, with ``none`` for None.
+    A ``Literal`` field becomes a choice; a ``bool`` takes true/false (on/off, yes/no, 1/0);
+    ``X | None`` parses as ``X``, with ``none`` for None.
     Options left out of the command line are absent from the parsed namespace
     (``argparse.SUPPRESS``), so the model's defaults apply.
     """
@@ -44,6 +55,8 @@ def add_model_options(
             choices, kind = args, str
         else:
             choices, kind = None, next((a for a in args if a is not type(None)), annotation)
+            if kind is bool:
+                kind = _bool
             if type(None) in args:
                 kind = _or_none(kind)
         parser.add_argument(

@@ -78,6 +78,13 @@ class EgressConfig(BaseModel):
         "is writable only while fewer unsent bytes wait in the kernel, so the backlog stays "
         "in the proxy's buffer. None keeps net.ipv4.tcp_notsent_lowat",
     )
+    client_tcp_nodelay: bool = Field(
+        default=True,
+        description="TCP_NODELAY on accepted client sockets (tcp(7)), as nginx's tcp_nodelay: "
+        "every write leaves at once. false lets the kernel hold a small write while earlier "
+        "bytes are unacknowledged (Nagle, RFC 896): fewer packets and CPU per event, tokens "
+        "later by up to a round trip (measured in bench/RESULTS.md)",
+    )
     client_sndbuf_bytes: int | None = Field(
         default=32 * 1024,
         ge=1024,

@@ -147,8 +147,10 @@ class EgressCore(Relay):
                 with contextlib.suppress(OSError):
                     # asyncio sets TCP_NODELAY only on sockets whose proto is IPPROTO_TCP,
                     # and socket.create_server's (and so accepted ones) have proto 0: without
-                    # it, Nagle holds a response body until the client's delayed ACK (40 ms)
-                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    # it (client_tcp_nodelay = false), Nagle held a response body until the
+                    # client's delayed ACK (40 ms)
+                    nodelay = int(self.config.client_tcp_nodelay)
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, nodelay)
                     if sndbuf is not None:
                         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
                     if lowat is not None:

@@ -22,7 +22,8 @@ class EgressProxyConfig(ProxyConfigBase):
     client that acknowledges no byte for ``stall_timeout_s`` while it owes bytes, aborting the
     upstream request. ``client_sndbuf_bytes`` caps the kernel send buffer toward clients (None:
     autotuning) and ``client_notsent_lowat_bytes`` the unsent bytes the kernel takes from the
-    proxy (``TCP_NOTSENT_LOWAT``; None: the system's). Each client connection's delivery record
+    proxy (``TCP_NOTSENT_LOWAT``; None: the system's); ``client_tcp_nodelay`` false lets the
+    kernel coalesce small writes to clients (Nagle), as nginx's ``tcp_nodelay off``. Each client connection's delivery record
     goes to ``egress-clients.jsonl`` in the run folder.
     ``event_loop``: ``auto`` (uvloop when installed, else asyncio), ``asyncio`` or ``uvloop``."""
 
@@ -32,6 +33,7 @@ class EgressProxyConfig(ProxyConfigBase):
     stall_timeout_s: float = Field(2.5, gt=0)
     client_sndbuf_bytes: int | None = Field(32 * 1024, ge=1024)
     client_notsent_lowat_bytes: int | None = Field(16 * 1024, ge=1)
+    client_tcp_nodelay: bool = True
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
     listen_host: str = "127.0.0.1"
     listen_port: int = Field(0, ge=0, le=65535, description="0 picks a free port")
@@ -76,6 +78,7 @@ class EgressProxy(Proxy):
             else str(c.client_sndbuf_bytes),
             "--client-notsent-lowat-bytes", "none" if c.client_notsent_lowat_bytes is None
             else str(c.client_notsent_lowat_bytes),
+            "--client-tcp-nodelay", str(c.client_tcp_nodelay).lower(),
             "--clients-log", str(run_dir / CLIENTS_LOG),
             "--event-loop", c.event_loop,
             "--log-level", "warning",
