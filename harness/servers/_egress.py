@@ -23,8 +23,8 @@ class EgressProxyConfig(ProxyConfigBase):
     upstream request. ``client_sndbuf_bytes`` caps the kernel send buffer toward clients (None:
     autotuning) and ``client_notsent_lowat_bytes`` the unsent bytes the kernel takes from the
     proxy (``TCP_NOTSENT_LOWAT``; None: the system's); ``client_tcp_nodelay`` false lets the
-    kernel coalesce small writes to clients (Nagle), as nginx's ``tcp_nodelay off``. Each client connection's delivery record
-    goes to ``egress-clients.jsonl`` in the run folder.
+    kernel coalesce small writes to clients (Nagle), as nginx's ``tcp_nodelay off``. Each client
+    connection's delivery record goes to ``egress-clients.jsonl`` in the run folder.
     ``event_loop``: ``auto`` (uvloop when installed, else asyncio), ``asyncio`` or ``uvloop``."""
 
     kind: Literal["egress"] = "egress"
