@@ -1,9 +1,9 @@
-"""Any stack: the ``command`` target and proxy kinds (``harness.servers._command``) and answers
-asked for whole (``stream = false``). One run starts the toy engine program (the emulator
-serving metric names of its own) as a ``command`` target whose names the scenario declares,
-behind the egress buffer started as a ``command`` proxy, with a streaming group, a group asking
-for whole answers and one that leaves before its whole answer comes; the rest checks what a
-scenario may say."""
+"""Any stack: the ``command`` target and proxy kinds (``harness.servers._command``), Traefik, a
+chain of proxies and answers asked for whole (``stream = false``). One run starts the toy
+engine program (the emulator serving metric names of its own) as a ``command`` target whose
+names the scenario declares, behind a chain of Traefik then the egress buffer started as a
+``command`` proxy, with a streaming group, a group asking for whole answers and one that leaves
+before its whole answer comes; the rest checks what a scenario may say."""
 
 from __future__ import annotations
 
@@ -41,6 +41,12 @@ readiness = {{ kind = "http", path = "/v1/models" }}
 {target_extra}
 
 [proxy]
+kind = "chain"
+
+[[proxy.hops]]
+kind = "traefik"
+
+[[proxy.hops]]
 kind = "command"
 argv = [{python}, "-m", "harness._egress", "--upstream", "{{upstream}}", "--listen", "{{listen}}",
         "--log-level", "warning"]
@@ -104,14 +110,16 @@ def any_stack_run(tmp_path_factory):
     return result
 
 
-def test_a_command_target_behind_a_command_proxy_runs_and_is_read_by_its_declared_names(
+def test_a_command_target_behind_traefik_and_a_command_proxy_is_read_by_its_declared_names(
     any_stack_run,
 ):
     result = any_stack_run
     run_dir = result.run_dir
     assert result.summary.groups[0].outcomes == {"complete": 4}
     info = json.loads((run_dir / "run.json").read_text())
-    target, proxy = info["target"], info["proxy"]
+    target, chain = info["target"], info["proxy"]
+    assert chain["kind"] == "chain" and [h["kind"] for h in chain["hops"]] == ["traefik", "command"]
+    traefik, proxy = chain["hops"]
     # the templates were filled: the target's port, the proxy's upstream is the target
     port = target["base_url"].rsplit(":", 1)[1]
     assert target["argv"][target["argv"].index("--port") + 1] == port
@@ -119,7 +127,15 @@ def test_a_command_target_behind_a_command_proxy_runs_and_is_read_by_its_declare
     assert proxy["argv"][proxy["argv"].index("--upstream") + 1] == target["base_url"]
     assert "GET /v1/models answered 200" in target["readiness"]["result"]
     assert proxy["readiness"]["result"].startswith("GET /health answered 200")
-    assert (run_dir / "command-target.log").is_file() and (run_dir / "command-proxy.log").is_file()
+    assert (run_dir / "command-target.log").is_file()
+    assert (run_dir / "hops" / "1-command" / "command-proxy.log").is_file()
+    # the chain started inside out: traefik forwards to the command proxy, clients reach traefik
+    dynamic = (run_dir / "hops" / "0-traefik" / "traefik" / "dynamic.yaml").read_text()
+    assert f"url: {proxy['url']}" in dynamic
+    # every hop's sockets were sampled: each one's connections toward the hop in front of it
+    sockets = pd.read_parquet(run_dir / "sockets.parquet")
+    hop_ports = {int(h["url"].rsplit(":", 1)[1]) for h in chain["hops"]}
+    assert hop_ports <= set(sockets["local_port"]), (hop_ports, set(sockets["local_port"]))
     # read by the names the scenario declared (the toy engine serves no vLLM name)
     metrics = pd.read_parquet(run_dir / "server_metrics.parquet")
     assert metrics["kv_cache_usage"].max() > 0 and metrics["num_requests_running"].max() > 0
@@ -201,7 +217,7 @@ def test_an_unknown_placeholder_is_named_with_the_valid_ones(tmp_path):
     with pytest.raises(ScenarioError) as err:
         parse_scenario(text, path=tmp_path / "s.toml")
     said = str(err.value)
-    assert "field 'proxy'" in said and "unknown placeholder {levle}" in said
+    assert "field 'proxy.hops.1'" in said and "unknown placeholder {levle}" in said
     assert "{upstream}" in said and "{listen}" in said
 
 

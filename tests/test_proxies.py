@@ -228,10 +228,12 @@ def test_envoy_validates_the_rendered_config_and_rejects_a_wrong_field(tmp_path)
 
 def test_registry_builds_by_kind_and_none_passes_the_url_through(tmp_path):
     # tests/kind_tcp_relay.py adds one (test_extending.py), registered when it is collected
-    assert set(PROXIES.kinds()) - {"tcp-relay"} == {"egress", "envoy", "haproxy", "nginx", "none"}
+    assert set(PROXIES.kinds()) - {"tcp-relay"} == {
+        "chain", "command", "egress", "envoy", "haproxy", "nginx", "none", "traefik",
+    }  # fmt: skip
     proxy = make_proxy(NoProxyConfig())
     assert proxy.start(tmp_path, "http://127.0.0.1:9") == "http://127.0.0.1:9"
-    with pytest.raises(UnknownKindError, match="valid kinds: egress, envoy, haproxy, nginx, none"):
+    with pytest.raises(UnknownKindError, match="valid kinds: chain, command, egress, envoy"):
         make_proxy(NoProxyConfig.model_construct(kind="squid"))  # type: ignore[arg-type]
 
     class Impostor(ProxyConfigBase):
@@ -302,3 +304,43 @@ def test_a_proxy_that_cannot_start_names_itself_and_quotes_its_log(tmp_path, sim
         config = NginxProxyConfig(kind="nginx", listen_port=port, startup_timeout_s=5)
         with pytest.raises(TargetError, match="nginx.*(in use|bind)"):
             make_proxy(config).start(tmp_path, sim.url)
+
+
+# --------------------------------------------------------------------------- traefik, chain
+
+
+def test_traefik_options_become_its_own_settings(tmp_path):
+    from harness.servers._traefik import TraefikProxyConfig, traefik_configs
+
+    config = TraefikProxyConfig(
+        compress=True, min_response_body_bytes=4096, excluded_content_types=["text/event-stream"],
+        buffering=True, flush_interval_ms=-1, write_timeout_s=2.5,
+    )  # fmt: skip
+    static, dynamic = traefik_configs(
+        config, port=8081, upstream_url="http://127.0.0.1:9", folder=tmp_path
+    )
+    web = static["entryPoints"]["web"]
+    assert web["address"] == "127.0.0.1:8081"
+    assert web["transport"]["respondingTimeouts"]["writeTimeout"] == "2500ms"
+    http = dynamic["http"]
+    assert http["routers"]["target"]["middlewares"] == ["compress", "buffering"]
+    assert http["middlewares"]["compress"]["compress"] == {
+        "minResponseBodyBytes": 4096, "excludedContentTypes": ["text/event-stream"],
+    }  # fmt: skip
+    service = http["services"]["target"]["loadBalancer"]
+    assert service["servers"] == [{"url": "http://127.0.0.1:9"}]
+    assert service["responseForwarding"]["flushInterval"] == "-1ms"
+    plain = traefik_configs(TraefikProxyConfig(), port=1, upstream_url="u", folder=tmp_path)[1]
+    assert (
+        "middlewares" not in plain["http"]
+        and "middlewares" not in plain["http"]["routers"]["target"]
+    )
+
+
+def test_a_chain_needs_two_real_hops():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="at least 2"):
+        PROXIES.get("chain")(hops=[{"kind": "egress"}])
+    with pytest.raises(ValidationError, match="hop 1: kind 'none' cannot be a hop"):
+        PROXIES.get("chain")(hops=[{"kind": "egress"}, {"kind": "none"}])

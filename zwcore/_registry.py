@@ -140,6 +140,10 @@ class Registry(Generic[M]):
             raise _Relocated(exc) from None
 
 
+_EXPANDING: set[Registry[Any]] = set()
+"""Registries whose JSON Schema is being written (a kind that holds kinds of its own registry
+gets a plain object schema inside, not an endless one)."""
+
 class _KindField:
     """The metadata behind ``Registry.validator``: validation by ``kind`` (a pydantic
     ``WrapValidator``) and a JSON Schema that is ``oneOf`` the registered models."""
@@ -154,11 +158,15 @@ class _KindField:
     def __get_pydantic_json_schema__(
         self, core_schema: Any, handler: GetJsonSchemaHandler
     ) -> dict[str, Any]:
-        return {
-            "oneOf": self._registry.json_schema_variants(handler),
-            "description": f"a {self._registry.what}, chosen by its `kind`: "
-            + ", ".join(self._registry.kinds()),
-        }
+        registry = self._registry
+        description = f"a {registry.what}, chosen by its `kind`: " + ", ".join(registry.kinds())
+        if registry in _EXPANDING:  # a kind holds others of its registry (a proxy chain's hops)
+            return {"type": "object", "required": ["kind"], "description": description}
+        _EXPANDING.add(registry)
+        try:
+            return {"oneOf": registry.json_schema_variants(handler), "description": description}
+        finally:
+            _EXPANDING.discard(registry)
 
 
 def kind_of(cls: type) -> Any:

@@ -154,9 +154,8 @@ class RunLifecycle:
             slots=self.target.serves_slots,
             pid=self.target.pid(),
         )
-        self.sockets = SocketSampler(
-            {port, target_port}, interval_s=c.sockets_interval_s, netns=netns
-        )
+        ports = {port, target_port, *self.proxy.observed_ports()}  # a chain's hops too
+        self.sockets = SocketSampler(ports, interval_s=c.sockets_interval_s, netns=netns)
         self.scraper.start()
         self.sockets.start()
         if self.client_url != self.target.base_url:  # a proxy stands in between

@@ -3,8 +3,9 @@
 Targets: ``vllm`` (a real vLLM server), ``llama-cpp-python`` (its OpenAI server, with the
 probe wrapper), ``llama-server`` (llama.cpp's C++ server), ``sim`` (the built-in engine
 emulator), ``url`` (a server already running), ``command`` (any server from a command line).
-Proxies: ``none``, ``nginx``, ``haproxy``, ``envoy``, ``egress`` (the toolkit's decoupled
-egress buffer), ``command`` (any proxy or gateway from a command line). Each kind's module holds its
+Proxies: ``none``, ``nginx``, ``haproxy``, ``envoy``, ``traefik``, ``egress`` (the toolkit's
+decoupled egress buffer), ``command`` (any proxy or gateway from a command line), ``chain``
+(several of them, one behind the other). Each kind's module holds its
 options (a config model registered with :data:`TARGETS` or :data:`PROXIES`), its server class
 and nothing else: a target kind declares its metric names (:class:`MetricNames`), whether it
 writes the engine tables, its versions and its idle test; a proxy kind, how the proxy
@@ -15,6 +16,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from harness.servers import (  # noqa: F401
+    _chain,
     _command,
     _egress,
     _envoy,
@@ -24,6 +26,7 @@ from harness.servers import (  # noqa: F401
     _nginx,
     _none,
     _sim,
+    _traefik,
     _url,
     _vllm,
 )

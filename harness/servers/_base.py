@@ -156,6 +156,11 @@ class Proxy(Server):
         """Where the proxy spills buffered response bytes to files (``None``: it does not)."""
         return None
 
+    def observed_ports(self) -> list[int]:
+        """Listening ports of its own, beside the one clients use, whose sockets the run
+        samples too (a chain's hops); default none."""
+        return []
+
 
 class TargetConfigBase(StrictOptions):
     """Options of a target kind, and what the kind declares. Subclasses define
