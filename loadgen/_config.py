@@ -133,6 +133,12 @@ class UserGroupConfig(BaseModel):
     ignore_eos: bool = Field(
         True, description="send ignore_eos (vLLM's extension): answers as long as asked"
     )
+    accept_encoding: str | None = Field(
+        None,
+        description="the Accept-Encoding header sent, e.g. 'gzip' as browsers send it (a "
+        "compressing proxy may then hold or compress the stream); gzip and deflate answers "
+        "are decoded",
+    )
     min_tokens: bool = Field(
         False, description="also send min_tokens = max_tokens (vLLM's sampling parameter)"
     )

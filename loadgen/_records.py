@@ -24,7 +24,7 @@ OUTCOMES = (
     "complete",  # the stream ended with `data: [DONE]`
     "http_error",  # a non-200 status, or a response that is not valid HTTP/1.1
     "server_error_event",  # an SSE event carrying an `error` payload, or malformed JSON
-    "not_sse",  # a 200 whose Content-Type is not text/event-stream, and no `[DONE]` came
+    "not_sse",  # a 200 not text/event-stream and no `[DONE]` came, or a coding not decoded
     "cut_by_peer",  # EOF or RST before `[DONE]`
     "client_abort",  # the client closed on purpose (half-close, abortive close, stop reading)
     "timeout",  # the client's own deadline passed
@@ -93,6 +93,7 @@ class RequestRecord:
     t_send: float
     t_send_wall: float
     stream: bool = True  # False: the answer was asked for whole (``stream: false``)
+    content_encoding: str | None = None  # the response's Content-Encoding (gzip...), if any
     outcome: str = "timeout"
     client_addr: str | None = None
     client_port: int | None = None

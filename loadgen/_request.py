@@ -23,7 +23,8 @@ class RequestSpec:
     """What to send, and how the client reads and behaves.
 
     ``host``: base URL, ``http://HOST[:PORT][/PREFIX]`` (no TLS). ``stream``: streamed (SSE),
-    or ``False``, the answer sent whole (one JSON body). ``prompt_tokens`` is the
+    or ``False``, the answer sent whole (one JSON body). ``accept_encoding``: the
+    ``Accept-Encoding`` header sent (``None``: none). ``prompt_tokens`` is the
     requested prompt length (approximate tokens), recorded as is. ``timeout_s`` is the deadline
     of the whole request counted from ``t_send``. ``rcvbuf_bytes``: ``SO_RCVBUF`` set before
     ``connect`` (Linux doubles it, socket(7)); ``None`` keeps the kernel default and
@@ -44,6 +45,7 @@ class RequestSpec:
     stream: bool = True
     max_tokens: int = 128
     ignore_eos: bool = True
+    accept_encoding: str | None = None
     min_tokens: bool = False
     timeout_s: float = 120.0
     read: ReadConfig = field(default_factory=FullSpeed)
@@ -85,7 +87,7 @@ def target(base_url: str, endpoint: Endpoint) -> Target:
 def request_bytes(spec: RequestSpec, target: Target) -> bytes:
     """The whole HTTP/1.1 request of ``spec`` to ``target``: a ``POST`` of the endpoint's JSON
     body with ``Accept: text/event-stream`` (``application/json`` when not streamed),
-    ``Connection: close`` and ``X-Request-Id``."""
+    ``Connection: close``, ``X-Request-Id`` and ``Accept-Encoding`` when the spec has one."""
     body = json.dumps(
         request_body(
             endpoint=spec.endpoint,
@@ -108,6 +110,7 @@ def request_bytes(spec: RequestSpec, target: Target) -> bytes:
             ("Content-Length", str(len(body))),
             ("Connection", "close"),
             ("X-Request-Id", spec.request_id),
+            *([("Accept-Encoding", spec.accept_encoding)] if spec.accept_encoding else []),
         ],
     )
     conn = h11.Connection(our_role=h11.CLIENT)

@@ -8,6 +8,8 @@ is kept until the message ends and read as one chunk stamped with the read that 
 
 from __future__ import annotations
 
+import zlib
+
 import httptools
 
 from ._openai import TokenCounter, parse_payload
@@ -15,6 +17,8 @@ from ._records import Chunk, RequestRecord
 from ._sse import SSEDecoder
 
 _MAX_ERROR_BODY_BYTES = 4096
+DECODED = {b"gzip": 16 + zlib.MAX_WBITS, b"x-gzip": 16 + zlib.MAX_WBITS, b"deflate": zlib.MAX_WBITS}
+"""The content codings the client decodes (RFC 9110 section 8.4.1), as zlib's ``wbits``."""
 _MAX_ANSWER_BYTES = 64 * 1024 * 1024
 """An answer sent whole is kept up to this size; the rest is counted, not kept."""
 
@@ -39,6 +43,9 @@ class Response:
         self.head_done = False  # the final (non-1xx) response head was parsed
         self.body_framed = False  # Content-Length or chunked: EOF before the end is a cut
         self.content_type: bytes | None = None  # of the final response
+        self.content_encoding: bytes | None = None  # of the final response
+        self.decoder_z: zlib._Decompress | None = None  # its decoder (gzip, deflate)
+        self.undecodable = False  # a coding the client does not decode, or bytes that fail
         self.complete = False  # the response message ended
         self.body: list[bytes] = []  # body pieces of the recv being parsed (one per HTTP chunk)
 
@@ -49,6 +56,8 @@ class Response:
             self.body_framed = True
         elif name == b"content-type":
             self.content_type = value
+        elif name == b"content-encoding":
+            self.content_encoding = value.strip().lower()
 
     def on_headers_complete(self) -> None:
         status = self.parser.get_status_code()
@@ -56,9 +65,14 @@ class Response:
             self.record.http_status = status
             self.head_done = True
             self.sse = self.is_sse()
+            coding = self.content_encoding
+            if coding is not None and coding != b"identity":
+                self.record.content_encoding = coding.decode("latin-1")
+                if coding in DECODED:
+                    self.decoder_z = zlib.decompressobj(DECODED[coding])
         else:
             self.body_framed = False
-            self.content_type = None
+            self.content_type = self.content_encoding = None
 
     def is_sse(self) -> bool:
         """Whether the response's ``Content-Type`` is ``text/event-stream`` (WHATWG HTML,
@@ -80,6 +94,8 @@ class Response:
         data = body[0] if len(body) == 1 else b"".join(body)
         body.clear()
         rec = self.record
+        if rec.content_encoding is not None:
+            data = self._decoded(data)
         if not self.stream and rec.http_status == 200:
             self.answer.extend(data[: max(0, _MAX_ANSWER_BYTES - len(self.answer))])
             return
@@ -117,6 +133,23 @@ class Response:
                 if tokens and rec.t_first_token is None:
                     rec.t_first_token = t
 
+    def _decoded(self, data: bytes) -> bytes:
+        """``data`` decoded by the response's content coding; a coding the client does not
+        decode, or bytes that do not decode, leave the record's error and decode to nothing."""
+        rec = self.record
+        if self.decoder_z is None:
+            self.undecodable = True
+            rec.error = rec.error or (
+                f"Content-Encoding {rec.content_encoding}: the client decodes gzip and deflate"
+            )
+            return b""
+        try:
+            return self.decoder_z.decompress(data)
+        except zlib.error as exc:
+            rec.error = rec.error or f"Content-Encoding {rec.content_encoding}: {exc}"
+            self.decoder_z, self.undecodable = None, True
+            return b""
+
     # the outcome
     def _with_body(self, message: str) -> str:
         body = self.body_head.decode("utf-8", errors="replace").strip()
@@ -153,6 +186,8 @@ class Response:
             return "http_error"
         if ending == "protocol_error":
             return "http_error"
+        if self.undecodable:
+            return "not_sse"
         if not self.stream:
             if ending == "eom" and rec.http_status == 200 and not self.done:
                 self._read_answer()

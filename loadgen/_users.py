@@ -85,6 +85,7 @@ class StreamingUser(User):
     answer asked for whole), ``prompt_tokens``,
     ``max_tokens`` (each a number or a ``loadgen._lengths`` distribution, drawn per
     request), ``ignore_eos``, ``min_tokens`` (send ``min_tokens = max_tokens``),
+    ``accept_encoding`` (the ``Accept-Encoding`` header, ``None``: none sent),
     ``timeout_s`` (per-request deadline, s), ``read``
     (:data:`ReadConfig`), ``action`` (:data:`ActionConfig` or ``None``), ``rcvbuf_bytes``
     (``SO_RCVBUF`` before connect, ``None`` = kernel default), ``mix`` (resolved
@@ -108,6 +109,7 @@ class StreamingUser(User):
     prompt_tokens: ClassVar[int | LengthBase] = 32
     max_tokens: ClassVar[int | LengthBase] = 128
     ignore_eos: ClassVar[bool] = True
+    accept_encoding: ClassVar[str | None] = None
     min_tokens: ClassVar[bool] = False
     timeout_s: ClassVar[float] = 120.0
     read: ClassVar[ReadConfig | dict[str, Any]] = FullSpeed()
@@ -179,6 +181,7 @@ class StreamingUser(User):
             stream=stream,
             max_tokens=max_tokens,
             ignore_eos=cls.ignore_eos,
+            accept_encoding=cls.accept_encoding,
             min_tokens=cls.min_tokens,
             timeout_s=cls.timeout_s,
             read=read,
@@ -417,6 +420,7 @@ def user_class_from_config(
         "prompt_tokens": group.prompt_tokens,
         "max_tokens": group.max_tokens,
         "ignore_eos": group.ignore_eos,
+        "accept_encoding": group.accept_encoding,
         "min_tokens": group.min_tokens,
         "timeout_s": group.timeout_s,
         "read": group.read,

@@ -220,3 +220,22 @@ def test_an_event_stream_with_parameters_or_a_wrong_type_that_completes_is_compl
         wire = head + b"transfer-encoding: chunked\r\n\r\n" + _chunked(_sse(3))
         rec = stream_request(_spec(one_shot([wire]).url))
         assert (rec.outcome, rec.error, rec.completion_tokens) == ("complete", None, 3)
+
+
+def test_a_gzip_stream_is_decoded_event_by_event_and_brotli_is_named(
+    one_shot: type[OneShot],
+) -> None:
+    import zlib
+
+    gz = zlib.compressobj(wbits=16 + zlib.MAX_WBITS)
+    pieces = [gz.compress(_event(i)) + gz.flush(zlib.Z_SYNC_FLUSH) for i in range(3)]
+    pieces.append(gz.compress(b"data: [DONE]\n\n") + gz.flush())
+    head = _HEAD + b"content-encoding: gzip\r\ntransfer-encoding: chunked\r\n\r\n"
+    server = one_shot([head, *(_chunked(p)[:-5] for p in pieces), b"0\r\n\r\n"], gap_s=0.02)
+    rec = stream_request(_spec(server.url, accept_encoding="gzip"))
+    assert rec.outcome == "complete", rec.error
+    assert rec.content_encoding == "gzip" and [c.text for c in rec.chunks] == ["t0", "t1", "t2"]
+    assert len({c.t for c in rec.chunks}) == 3  # each event when its flush arrived
+    server = one_shot([_HEAD + b"content-encoding: br\r\n\r\n", b"\x0b\x02\x80"])
+    rec = stream_request(_spec(server.url, accept_encoding="br"))
+    assert rec.outcome == "not_sse" and "Content-Encoding br: the client decodes gzip" in rec.error

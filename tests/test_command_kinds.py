@@ -45,6 +45,7 @@ kind = "chain"
 
 [[proxy.hops]]
 kind = "traefik"
+compress = true
 
 [[proxy.hops]]
 kind = "command"
@@ -59,6 +60,7 @@ users = 2
 requests_per_user = 2
 prompt_tokens = 16
 max_tokens = 64
+accept_encoding = "gzip"
 
 [[groups]]
 name = "whole"
@@ -132,6 +134,11 @@ def test_a_command_target_behind_traefik_and_a_command_proxy_is_read_by_its_decl
     # the chain started inside out: traefik forwards to the command proxy, clients reach traefik
     dynamic = (run_dir / "hops" / "0-traefik" / "traefik" / "dynamic.yaml").read_text()
     assert f"url: {proxy['url']}" in dynamic
+    # traefik compressed the streams of the clients that accept gzip: decoded event by event
+    requests = pd.read_parquet(run_dir / "requests.parquet")
+    fast = requests[requests["group"] == "fast"]
+    assert fast["content_encoding"].eq("gzip").all() and (fast["n_chunks"] == 64).all()
+    assert requests.loc[requests["group"] != "fast", "content_encoding"].isna().all()
     # every hop's sockets were sampled: each one's connections toward the hop in front of it
     sockets = pd.read_parquet(run_dir / "sockets.parquet")
     hop_ports = {int(h["url"].rsplit(":", 1)[1]) for h in chain["hops"]}

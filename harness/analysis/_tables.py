@@ -23,7 +23,7 @@ REQUEST_COLUMNS = [
     "server_send_q_peak_bytes", "server_rwnd_limited_ms", "server_sndbuf_limited_ms",
     "server_retransmits", "stream_id", "timestamps", "read_lag_max_ms",
     "t_scheduled", "schedule_index", "send_lag_ms", "ttft_from_scheduled_ms",
-    "e2e_from_scheduled_ms", "behaviour", "clock_bound_ms",
+    "e2e_from_scheduled_ms", "behaviour", "clock_bound_ms", "content_encoding",
 ]  # fmt: skip
 # Per-request figures from the server's socket samples: column -> (sockets column, aggregate).
 SERVER_SOCKET_FIGURES = {
