@@ -143,6 +143,9 @@ def test_a_command_target_behind_traefik_and_a_command_proxy_is_read_by_its_decl
     sockets = pd.read_parquet(run_dir / "sockets.parquet")
     hop_ports = {int(h["url"].rsplit(":", 1)[1]) for h in chain["hops"]}
     assert hop_ports <= set(sockets["local_port"]), (hop_ports, set(sockets["local_port"]))
+    hops = result.summary.proxy.hops
+    assert [(h.index, h.kind) for h in hops] == [(0, "traefik"), (1, "command")]
+    assert all(h.samples > 0 and h.send_q_peak_bytes is not None for h in hops)
     # read by the names the scenario declared (the toy engine serves no vLLM name)
     metrics = pd.read_parquet(run_dir / "server_metrics.parquet")
     assert metrics["kv_cache_usage"].max() > 0 and metrics["num_requests_running"].max() > 0

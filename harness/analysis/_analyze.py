@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pandas as pd
 
@@ -25,7 +26,7 @@ from harness.analysis._engine_join import engine_aborts, join_engine, send_block
 from harness.analysis._killed import killed_run_end
 from harness.analysis._leaves import leave_figures
 from harness.analysis._matrix import matrix_cells
-from harness.analysis._proxy import proxy_summary
+from harness.analysis._proxy import hop_summaries, proxy_summary
 from harness.analysis._saturation import saturation_summary
 from harness.analysis._stalls import abort_times, attribute_aborts
 from harness.analysis._summary import (
@@ -89,6 +90,7 @@ class RunFacts:
     stalled_flows: list[dict[str, Any]] | None = None
     load_workers: list[LoadWorker] = field(default_factory=list)
     placement: dict[str, Any] | None = None  # run.json's "placement" (lifecycle._placement)
+    hops: list[dict[str, Any]] = field(default_factory=list)  # a chain's: {"kind", "port"}
     engine_probe: dict[str, Any] | None = None  # run.json's "engine_probe"
 
     def as_dict(self) -> dict[str, Any]:
@@ -145,7 +147,18 @@ def read_facts(run_dir: Path) -> RunFacts:
         load_workers=[LoadWorker.model_validate(w) for w in workers],
         placement=info.get("placement"),
         engine_probe=probe,
+        hops=chain_hops(proxy),
     )
+
+
+def chain_hops(proxy: dict[str, Any]) -> list[dict[str, Any]]:
+    """The hops of a chain from its ``run.json`` description (``Proxy.describe``), each
+    ``{"kind", "port"}``, from the clients' side inward; ``[]`` for any other proxy."""
+    return [
+        {"kind": h["kind"], "port": urlsplit(h["url"]).port}
+        for h in proxy.get("hops", [])
+        if h.get("url")
+    ]
 
 
 @dataclass
@@ -297,7 +310,9 @@ def analyze(run_dir: Path, facts: RunFacts | None = None) -> Analysis:
             [p for g in groups for p in saturation_files(run_dir, g)],
             placement=facts.placement,
         ),
-        proxy=proxy_summary(facts.proxy_name, facts.proxy_kind, proxy_rows),
+        proxy=proxy_summary(facts.proxy_name, facts.proxy_kind, proxy_rows).model_copy(
+            update={"hops": hop_summaries(sockets, facts.hops)}
+        ),
         stalled_flows=facts.stalled_flows,
         load_workers=facts.load_workers,
         clock_bound_ms=clock_bound_ms,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pandas as pd
 
-from harness.runfolder import ProxySummary
+from harness.runfolder import HopSummary, ProxySummary
 
 
 def _peak(rows: list[dict[str, Any]], key: str) -> int | None:
@@ -47,3 +47,17 @@ def proxy_summary(name: str, kind: str, rows: list[dict[str, Any]]) -> ProxySumm
             if (rise := _rise(rows, key))
         },
     )
+
+
+def hop_summaries(sockets: pd.DataFrame, hops: list[dict[str, Any]]) -> list[HopSummary]:
+    """Per hop of a chain (``hops``: ``{"kind", "port"}`` from the clients' side inward): the
+    peak over sample times of its port's summed Send-Q in ``sockets`` (``sockets.parquet``)."""
+    out = []
+    for i, hop in enumerate(hops):
+        rows = sockets[sockets["local_port"] == hop["port"]] if len(sockets) else sockets
+        per_t = rows.groupby("t")["send_q_bytes"].sum() if len(rows) else None
+        peak = None if per_t is None or not len(per_t) else int(per_t.max())
+        samples = 0 if per_t is None else len(per_t)
+        out.append(HopSummary(index=i, kind=hop["kind"], port=hop["port"],
+                              send_q_peak_bytes=peak, samples=samples))  # fmt: skip
+    return out

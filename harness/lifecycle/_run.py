@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 import pandas as pd
 
-from harness.analysis import RunFacts
+from harness.analysis import RunFacts, chain_hops
 from harness.collectors import (
     SOCKET_COLUMNS,
     MetricsScraper,
@@ -349,6 +349,7 @@ class RunLifecycle:
             load_workers=self.workers,
             placement=self.placement.describe(),
             engine_probe=self.info.get("engine_probe"),
+            hops=chain_hops(self.proxy.describe()),
         )
 
 

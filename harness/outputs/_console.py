@@ -63,6 +63,12 @@ def print_summary(summary: RunSummary, *, run_dir: str, console: Console | None 
     console.print(summary.verdicts["kv_held_by_undelivered_streams"]["line"], markup=False)
     if costs := summary.verdicts.get("engine_costs"):
         console.print(costs["line"], markup=False)
+    if summary.proxy is not None and summary.proxy.hops:
+        hops = "; ".join(
+            f"{h.index} {h.kind} (:{h.port}) {_f(h.send_q_peak_bytes, 0)} B"
+            for h in summary.proxy.hops
+        )
+        console.print(f"chain hops, peak Send-Q toward the hop in front: {hops}", markup=False)
     for w in summary.load_workers:
         if w.clock is not None:
             console.print(

@@ -49,6 +49,7 @@ from harness.runfolder._files import (
 from harness.runfolder._io import read_json, read_parquet, to_builtin, write_json, write_parquet
 from harness.runfolder._schema import (
     GroupSummary,
+    HopSummary,
     LoadWorker,
     MatrixCell,
     ProcessSaturation,
@@ -89,6 +90,7 @@ __all__ = [
     "ENGINE_REQUESTS",
     "ENGINE_STEPS",
     "GroupSummary",
+    "HopSummary",
     "MatrixCell",
     "LoadWorker",
     "WorkerClock",

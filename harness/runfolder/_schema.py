@@ -49,6 +49,19 @@ class SaturationSummary(BaseModel):
     message: str
 
 
+class HopSummary(BaseModel):
+    """One hop of a proxy chain (``chain``; 0 faces the clients): its kind, the port it
+    listened on, and the peak of the Send-Q summed over its connections on that port (bytes
+    it had written toward the hop in front of it, or the clients, that were not yet taken) in
+    the run's socket samples; ``None`` when no sample saw the port."""
+
+    index: int
+    kind: str
+    port: int
+    send_q_peak_bytes: int | None
+    samples: int
+
+
 class ProxySummary(BaseModel):
     """Figures of the proxy of one run. Sizes in bytes; ``None`` when not observable for this
     kind (``none`` has no process; nginx has no per-stream buffer figure). ``cuts`` and
@@ -67,6 +80,8 @@ class ProxySummary(BaseModel):
     upstream_aborts: float | None
     samples: int
     cut_reasons: dict[str, float] = {}
+    hops: list[HopSummary] = []
+    """A chain's hops, from the clients' side inward (empty for a single proxy)."""
 
 
 class WorkerClock(BaseModel):
