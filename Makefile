@@ -6,6 +6,10 @@ ZW     := $(VENV)/bin/zerowindow
 STAMP  := $(VENV)/.zerowindow-installed
 MODEL  := models/tiny
 ENGINES := $(VENV)/.zerowindow-engines
+# The LiteLLM proxy (proxy kind `litellm`) has a virtual environment of its own: its pins (rich,
+# among others) would fight the toolkit's; its program is linked into the toolkit's bin.
+LITELLM_VENV := .venv-litellm
+LITELLM := $(VENV)/bin/litellm
 
 .PHONY: debs setup engines demo test unit lint bench clean
 
@@ -53,7 +57,12 @@ debs:
 	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
 	  else echo "missing Debian packages:$$missing (their tests are skipped)"; fi; fi
 
-setup: debs $(STAMP) $(MODEL)/config.json
+$(LITELLM): | $(STAMP)
+	test -x $(LITELLM_VENV)/bin/python || $(PYTHON) -m venv $(LITELLM_VENV)
+	$(LITELLM_VENV)/bin/pip install -q 'litellm[proxy]>=1.108,<2'
+	ln -sf ../../$(LITELLM_VENV)/bin/litellm $(LITELLM)
+
+setup: debs $(STAMP) $(MODEL)/config.json $(LITELLM)
 
 demo: setup
 	$(ZW) run scenarios/slow-readers.toml
@@ -73,4 +82,4 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 
 clean:
-	rm -rf $(VENV) $(MODEL)
+	rm -rf $(VENV) $(LITELLM_VENV) $(MODEL)

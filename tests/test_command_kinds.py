@@ -1,9 +1,12 @@
-"""Any stack: the ``command`` target and proxy kinds (``harness.servers._command``), Traefik, a
-chain of proxies and answers asked for whole (``stream = false``). One run starts the toy
-engine program (the emulator serving metric names of its own) as a ``command`` target whose
-names the scenario declares, behind a chain of Traefik then the egress buffer started as a
-``command`` proxy, with a streaming group, a group asking for whole answers and one that leaves
-before its whole answer comes; the rest checks what a scenario may say."""
+"""Any stack: the ``command`` target and proxy kinds (``harness.servers._command``), Traefik,
+the LiteLLM proxy, a chain of proxies and answers asked for whole (``stream = false``). One
+comparison starts the toy engine program (the emulator serving metric names of its own) as a
+``command`` target whose names the scenario declares, and puts in front of it LiteLLM as it
+ships, then a chain of Traefik, LiteLLM with ``cancel_on_disconnect`` and the egress buffer
+started as a ``command`` proxy; a streaming group, a group asking for whole answers and one
+that leaves before its whole answer comes go through each (the LiteLLM incident: those that
+leave are zombies through LiteLLM as it ships, aborted with the setting). The rest checks what
+a scenario may say."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import pandas as pd
 import psutil
 import pytest
 
-from harness import ScenarioError, parse_scenario, run_scenario
+from harness import ScenarioError, parse_scenario, run
 from harness.servers import PROXIES, TARGETS, known_metric_names, make_target, metric_presets
 from harness.servers._metric_names import SGLANG_METRICS, read_figures
 from loadgen._openai import parse_payload, request_body
@@ -40,14 +43,23 @@ stop_signal = "SIGINT"
 readiness = {{ kind = "http", path = "/v1/models" }}
 {target_extra}
 
-[proxy]
+[[proxies]]
+name = "litellm"
+kind = "litellm"
+
+[[proxies]]
+name = "chain"
 kind = "chain"
 
-[[proxy.hops]]
+[[proxies.hops]]
 kind = "traefik"
 compress = true
 
-[[proxy.hops]]
+[[proxies.hops]]
+kind = "litellm"
+cancel_on_disconnect = true
+
+[[proxies.hops]]
 kind = "command"
 argv = [{python}, "-m", "harness._egress", "--upstream", "{{upstream}}", "--listen", "{{listen}}",
         "--log-level", "warning"]
@@ -68,7 +80,7 @@ stream = false
 users = 2
 requests_per_user = 1
 prompt_tokens = 16
-max_tokens = 64
+max_tokens = 96
 
 [[groups]]
 name = "whole-leave"
@@ -77,8 +89,8 @@ endpoint = "chat"
 users = 2
 requests_per_user = 1
 prompt_tokens = 16
-max_tokens = 64
-action = {{ kind = "leave", after_s = 0.2 }}
+max_tokens = 96
+action = {{ kind = "leave", after_s = 0.5 }}
 """
 
 
@@ -105,23 +117,22 @@ def _scenario(tmp_path, **extra: str):
 
 
 @pytest.fixture(scope="module")
-def any_stack_run(tmp_path_factory):
+def any_stack(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("any-stack")
-    result = run_scenario(_scenario(tmp_path), out_root=tmp_path)
-    assert result.exit_code == 0, result.summary.failure
-    return result
+    result = run(_scenario(tmp_path), out_root=tmp_path)
+    assert result.exit_code == 0, result.failure
+    return result.runs["litellm"], result.runs["chain"]
 
 
-def test_a_command_target_behind_traefik_and_a_command_proxy_is_read_by_its_declared_names(
-    any_stack_run,
-):
-    result = any_stack_run
+def test_a_command_target_behind_a_chain_is_read_by_its_declared_names(any_stack):
+    result = any_stack[1]
     run_dir = result.run_dir
     assert result.summary.groups[0].outcomes == {"complete": 4}
     info = json.loads((run_dir / "run.json").read_text())
     target, chain = info["target"], info["proxy"]
-    assert chain["kind"] == "chain" and [h["kind"] for h in chain["hops"]] == ["traefik", "command"]
-    traefik, proxy = chain["hops"]
+    kinds = [h["kind"] for h in chain["hops"]]
+    assert chain["kind"] == "chain" and kinds == ["traefik", "litellm", "command"]
+    traefik, litellm, proxy = chain["hops"]
     # the templates were filled: the target's port, the proxy's upstream is the target
     port = target["base_url"].rsplit(":", 1)[1]
     assert target["argv"][target["argv"].index("--port") + 1] == port
@@ -129,29 +140,31 @@ def test_a_command_target_behind_traefik_and_a_command_proxy_is_read_by_its_decl
     assert proxy["argv"][proxy["argv"].index("--upstream") + 1] == target["base_url"]
     assert "GET /v1/models answered 200" in target["readiness"]["result"]
     assert proxy["readiness"]["result"].startswith("GET /health answered 200")
-    assert (run_dir / "command-target.log").is_file()
-    assert (run_dir / "hops" / "1-command" / "command-proxy.log").is_file()
-    # the chain started inside out: traefik forwards to the command proxy, clients reach traefik
+    assert (run_dir.parent / "command-target.log").is_file()  # the plan's: started once
+    assert (run_dir / "hops" / "2-command" / "command-proxy.log").is_file()
+    # the chain started inside out: traefik forwards to litellm, litellm to the command proxy
     dynamic = (run_dir / "hops" / "0-traefik" / "traefik" / "dynamic.yaml").read_text()
-    assert f"url: {proxy['url']}" in dynamic
+    assert f"url: {litellm['url']}" in dynamic
+    config = (run_dir / "hops" / "1-litellm" / "litellm" / "config.yaml").read_text()
+    assert f"api_base: {proxy['url']}/v1" in config and "cancel_on_disconnect: true" in config
     # traefik compressed the streams of the clients that accept gzip: decoded event by event
     requests = pd.read_parquet(run_dir / "requests.parquet")
     fast = requests[requests["group"] == "fast"]
-    assert fast["content_encoding"].eq("gzip").all() and (fast["n_chunks"] == 64).all()
+    assert fast["content_encoding"].eq("gzip").all() and (fast["completion_tokens"] == 64).all()
     assert requests.loc[requests["group"] != "fast", "content_encoding"].isna().all()
     # every hop's sockets were sampled: each one's connections toward the hop in front of it
     sockets = pd.read_parquet(run_dir / "sockets.parquet")
     hop_ports = {int(h["url"].rsplit(":", 1)[1]) for h in chain["hops"]}
     assert hop_ports <= set(sockets["local_port"]), (hop_ports, set(sockets["local_port"]))
     hops = result.summary.proxy.hops
-    assert [(h.index, h.kind) for h in hops] == [(0, "traefik"), (1, "command")]
+    assert [(h.index, h.kind) for h in hops] == [(0, "traefik"), (1, "litellm"), (2, "command")]
     assert all(h.samples > 0 and h.send_q_peak_bytes is not None for h in hops)
     # read by the names the scenario declared (the toy engine serves no vLLM name)
     metrics = pd.read_parquet(run_dir / "server_metrics.parquet")
     assert metrics["kv_cache_usage"].max() > 0 and metrics["num_requests_running"].max() > 0
     server = json.loads((run_dir / "summary.json").read_text())["server"]
-    # 6 answers of 64 tokens, and what the engine made for the two that left
-    assert 6 * 64 < server["generation_tokens"] < 8 * 64
+    # 4 answers of 64 tokens and 2 of 96, and what the engine made for the two that left
+    assert 4 * 64 + 2 * 96 < server["generation_tokens"] < 4 * 64 + 4 * 96
     finished = {why: n for why, n in server["request_success"].items() if n}
     assert finished == {"length": 6.0, "abort": 2.0}
     # engine_tables = true: the engine wrote its tables into the run folder
@@ -162,40 +175,49 @@ def test_a_command_target_behind_traefik_and_a_command_proxy_is_read_by_its_decl
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
-def test_whole_answers_arrive_as_one_chunk_and_their_leavers_are_aborted(any_stack_run):
-    requests = pd.read_parquet(any_stack_run.run_dir / "requests.parquet").set_index("request_id")
-    whole = requests[requests["group"] == "whole"]
-    assert list(whole["outcome"]) == ["complete"] * 2 and not whole["stream"].any()
-    assert (whole["completion_tokens"] == 64).all() and (whole["n_chunks"] == 1).all()
-    assert (
-        whole["finish_reason"].eq("length").all()
-        and whole["stream_id"].str.startswith("cmpl-").all()
-    )
-    # the first token is the whole answer: it comes after 64 steps of 10 ms, with the last byte
-    assert (whole["ttft_ms"] > 600).all() and whole["tpot_ms"].isna().all()
-    assert ((whole["t_last_byte"] - whole["t_first_token"]).abs() < 1e-6).all()
-    assert requests.loc[requests["group"] == "fast", "stream"].all()
-    # leavers before their whole answer: the engine's own records say it aborted them
-    left = requests[requests["group"] == "whole-leave"]
-    assert list(left["outcome"]) == ["client_abort"] * 2 and (left["completion_tokens"] == 0).all()
-    assert left["engine_finish_reason"].eq("abort").all(), left["engine_finish_reason"]
-    assert (left["tokens_after_leave"] > 0).all()
-    groups = {g.group: g for g in any_stack_run.summary.groups}
-    assert groups["whole"].whole_answers == 2 and groups["fast"].whole_answers == 0
-    assert groups["whole"].itl_p50_ms is None
+def test_whole_answers_arrive_as_one_chunk(any_stack):
+    for result in any_stack:
+        requests = pd.read_parquet(result.run_dir / "requests.parquet")
+        whole = requests[requests["group"] == "whole"]
+        assert list(whole["outcome"]) == ["complete"] * 2 and not whole["stream"].any()
+        assert (whole["completion_tokens"] == 96).all() and (whole["n_chunks"] == 1).all()
+        assert whole["finish_reason"].eq("length").all()
+        # the first token is the whole answer: after 96 steps of 10 ms, with the last byte
+        assert (whole["ttft_ms"] > 900).all() and whole["tpot_ms"].isna().all()
+        assert ((whole["t_last_byte"] - whole["t_first_token"]).abs() < 1e-6).all()
+        assert requests.loc[requests["group"] == "fast", "stream"].all()
+        groups = {g.group: g for g in result.summary.groups}
+        assert groups["whole"].whole_answers == 2 and groups["fast"].whole_answers == 0
+        assert groups["whole"].itl_p50_ms is None
+
+
+def test_litellm_as_shipped_makes_zombies_of_whole_answer_leavers_and_cancel_aborts_them(
+    any_stack,
+):
+    # LiteLLM #13774/#37140 and PR #30223, by the engine's own records (joined by the
+    # X-Request-Id LiteLLM forwards): cancel_on_disconnect is what aborts them
+    shipped, chain = ({g.group: g for g in r.summary.groups} for r in any_stack)
+    assert shipped["whole-leave"].zombies == 2, shipped["whole-leave"]
+    assert shipped["whole-leave"].tokens_after_leave_mean > 0
+    assert chain["whole-leave"].zombies == 0 and chain["whole-leave"].left_aborted == 2
+    for result in any_stack:
+        requests = pd.read_parquet(result.run_dir / "requests.parquet")
+        left = requests[requests["group"] == "whole-leave"]
+        assert list(left["outcome"]) == ["client_abort"] * 2
+        assert left["engine_request_id"].notna().all()  # joined through the gateway
 
 
 def test_a_command_that_dies_fails_the_run_with_its_reason(tmp_path):
     text = _text().replace('"tests/kind_toy_engine.py"', '"-c", "raise SystemExit(3)", "--"')
-    result = run_scenario(parse_scenario(text, path=tmp_path / "s.toml"), out_root=tmp_path)
+    result = run(parse_scenario(text, path=tmp_path / "s.toml"), out_root=tmp_path)
     assert result.exit_code == 2
-    assert "command python" in (result.summary.failure or "")
-    assert "exited with code 3" in (result.summary.failure or "")
+    assert "command python" in (result.failure or "")
+    assert "exited with code 3" in (result.failure or "")
 
 
 def test_an_action_cannot_wait_for_tokens_of_a_whole_answer(tmp_path):
     text = _text().replace(
-        'action = { kind = "leave", after_s = 0.2 }',
+        'action = { kind = "leave", after_s = 0.5 }',
         'action = { kind = "stall", after_tokens = 4, stall_s = 1 }',
     )
     with pytest.raises(ScenarioError, match="stall after_tokens = 4 with stream = false"):
@@ -227,7 +249,7 @@ def test_an_unknown_placeholder_is_named_with_the_valid_ones(tmp_path):
     with pytest.raises(ScenarioError) as err:
         parse_scenario(text, path=tmp_path / "s.toml")
     said = str(err.value)
-    assert "field 'proxy.hops.1'" in said and "unknown placeholder {levle}" in said
+    assert "field 'proxies.1.hops.2'" in said and "unknown placeholder {levle}" in said
     assert "{upstream}" in said and "{listen}" in said
 
 

@@ -229,7 +229,7 @@ def test_envoy_validates_the_rendered_config_and_rejects_a_wrong_field(tmp_path)
 def test_registry_builds_by_kind_and_none_passes_the_url_through(tmp_path):
     # tests/kind_tcp_relay.py adds one (test_extending.py), registered when it is collected
     assert set(PROXIES.kinds()) - {"tcp-relay"} == {
-        "chain", "command", "egress", "envoy", "haproxy", "nginx", "none", "traefik",
+        "chain", "command", "egress", "envoy", "haproxy", "litellm", "nginx", "none", "traefik",
     }  # fmt: skip
     proxy = make_proxy(NoProxyConfig())
     assert proxy.start(tmp_path, "http://127.0.0.1:9") == "http://127.0.0.1:9"
@@ -344,3 +344,19 @@ def test_a_chain_needs_two_real_hops():
         PROXIES.get("chain")(hops=[{"kind": "egress"}])
     with pytest.raises(ValidationError, match="hop 1: kind 'none' cannot be a hop"):
         PROXIES.get("chain")(hops=[{"kind": "egress"}, {"kind": "none"}])
+
+
+def test_litellm_options_become_its_config():
+    from harness.servers._litellm import LitellmProxyConfig, litellm_config
+
+    data = litellm_config(
+        LitellmProxyConfig(cancel_on_disconnect=True, stream_timeout_s=30),
+        upstream_url="http://127.0.0.1:9",
+    )
+    (entry,) = data["model_list"]
+    assert entry["model_name"] == "*" and entry["litellm_params"]["model"] == "hosted_vllm/*"
+    assert entry["litellm_params"]["api_base"] == "http://127.0.0.1:9/v1"
+    assert entry["litellm_params"]["stream_timeout"] == 30
+    assert data["general_settings"]["cancel_on_disconnect"] is True
+    shipped = litellm_config(LitellmProxyConfig(), upstream_url="http://127.0.0.1:9")
+    assert "cancel_on_disconnect" not in shipped["general_settings"]  # the version's default

@@ -217,6 +217,7 @@ def _engine_evidence(
     requests, unjoined = join_engine(
         requests, chunks, engine_requests if no_engine is None else engine_requests.iloc[0:0]
     )
+    requests.attrs["engine_unjoined"] = unjoined  # read by leave_figures
     if no_engine is not None:
         return requests, engine_steps, None, no_engine
     requests = engine_aborts(requests)
@@ -229,6 +230,7 @@ def _engine_evidence(
         kv_cache_blocks=(facts.engine_probe or {}).get("kv_cache_blocks"),
         blocked_spans=send_blocked_spans(engine_requests, verdict_config.kv_held_min_ms),
     )
+    requests.attrs["engine_unjoined"] = unjoined
     return requests, engine_steps, engine_verdict, None
 
 
@@ -265,7 +267,7 @@ def analyze(run_dir: Path, facts: RunFacts | None = None) -> Analysis:
     requests, engine_steps, engine_verdict, no_engine = _engine_evidence(
         run_dir, facts, metrics, requests_frame(records, client_sockets), chunks
     )
-    requests = leave_figures(requests, chunks)
+    requests = leave_figures(requests, chunks, unjoined=requests.attrs.get("engine_unjoined", 0))
     t_first_send = float(requests["t_send"].min()) if len(requests) else None
     # Only the load's own connections: not the scraper's, nor anyone else's.
     load_sockets = client_sockets[

@@ -10,7 +10,9 @@ leave, or where the engine's side is unknown):
   ``queued`` (not yet scheduled), ``prefill`` (scheduled, no token yet), ``decode``
   (generating), ``finished`` (generation had ended), ``frontend`` (the engine never had it:
   the server's front-end dropped it first, or refused it); ``None`` without engine records,
-  or for a client on another clock whose bound (``clock_bound_ms``) straddles a phase's edge;
+  for a request without one while some of the engine's records joined no request (a gateway
+  that renamed the requests: it may be among them), or for a client on another clock whose
+  bound (``clock_bound_ms``) straddles a phase's edge;
 - ``leave_to_abort_ms``: from leaving to the engine's abort (``t_engine_abort``: the engine's
   own record when it wrote one, else the estimate from the scraped counters); NaN if the
   engine did not abort the request (it finished it, or never did within the run);
@@ -36,9 +38,12 @@ PHASES = ("queued", "prefill", "decode", "finished", "frontend")
 RUNNING_PHASES = ("queued", "prefill", "decode")
 
 
-def zombies(gone: pd.DataFrame) -> int:
+def zombies(gone: pd.DataFrame) -> int | None:
     """Clients of ``gone`` (rows with a ``t_leave``) that left while the engine still had
-    their request (:data:`RUNNING_PHASES`) and that it never aborted."""
+    their request (:data:`RUNNING_PHASES`) and that it never aborted; ``None`` (unknown) when
+    the phase of one of them is unknown."""
+    if gone["leave_phase"].isna().any():
+        return None
     running = gone["leave_phase"].isin(RUNNING_PHASES)
     return int((running & gone["leave_to_abort_ms"].isna()).sum())
 
@@ -62,10 +67,11 @@ def leave_summary(gone: pd.DataFrame) -> dict[str, Any]:
     }
 
 
-def _phases(out: pd.DataFrame, t: pd.Series) -> pd.Series:
+def _phases(out: pd.DataFrame, t: pd.Series, *, unjoined: int = 0) -> pd.Series:
     """``leave_phase`` of each row of ``out`` had its client left at ``t`` (monotonic s; see
-    the module docstring)."""
-    engine_seen = bool(out["engine_request_id"].notna().any())  # the engine's records joined
+    the module docstring); ``unjoined``: engine records that joined no request."""
+    # the engine's records joined, and every one of them: a request without one never got there
+    engine_seen = bool(out["engine_request_id"].notna().any()) and not unjoined
     scheduled, first = out["t_engine_first_scheduled"], out["t_engine_first_token"]
     ended = out["t_generation_end"]
     phase = pd.Series("finished", index=out.index, dtype=object)  # later rules win
@@ -77,18 +83,21 @@ def _phases(out: pd.DataFrame, t: pd.Series) -> pd.Series:
     return phase
 
 
-def leave_figures(requests: pd.DataFrame, chunks: pd.DataFrame) -> pd.DataFrame:
+def leave_figures(
+    requests: pd.DataFrame, chunks: pd.DataFrame, *, unjoined: int = 0
+) -> pd.DataFrame:
     """``requests`` (joined with the engine, :func:`~harness.analysis._engine.join_engine`, and
-    with ``t_engine_abort``) plus :data:`LEAVE_COLUMNS`."""
+    with ``t_engine_abort``) plus :data:`LEAVE_COLUMNS`; ``unjoined``: the engine's records
+    that joined no request."""
     out = requests.copy()
     left = out["action"] == "leave"
     out["t_leave"] = out["t_action"].where(left).astype(float)
-    out["leave_phase"] = _phases(out, out["t_leave"])
+    out["leave_phase"] = _phases(out, out["t_leave"], unjoined=unjoined)
     if "clock_bound_ms" in out and out["clock_bound_ms"].notna().any():
         # A client on another clock: a phase the clocks' bound could change is not drawn.
         bound_s = out["clock_bound_ms"].fillna(0.0) / 1000.0
-        early = _phases(out, out["t_leave"] - bound_s)
-        late = _phases(out, out["t_leave"] + bound_s)
+        early = _phases(out, out["t_leave"] - bound_s, unjoined=unjoined)
+        late = _phases(out, out["t_leave"] + bound_s, unjoined=unjoined)
         out["leave_phase"] = out["leave_phase"].where(early.eq(late), None)
     abort = out["t_engine_abort"] if "t_engine_abort" in out else np.nan
     out["leave_to_abort_ms"] = (abort - out["t_leave"]) * 1000.0

@@ -175,8 +175,8 @@ class GroupSummary(BaseModel):
     left: int = 0
     left_aborted: int = 0
     # Left while the engine still had the request (queued, prefill, decode), never aborted: it
-    # ran to the end for nobody.
-    zombies: int = 0
+    # ran to the end for nobody; None when the phase of a client that left is unknown.
+    zombies: int | None = 0
     leave_to_abort_p50_ms: float | None = None
     leave_to_abort_p90_ms: float | None = None
     leave_to_abort_max_ms: float | None = None

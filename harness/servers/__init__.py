@@ -3,7 +3,8 @@
 Targets: ``vllm`` (a real vLLM server), ``llama-cpp-python`` (its OpenAI server, with the
 probe wrapper), ``llama-server`` (llama.cpp's C++ server), ``sim`` (the built-in engine
 emulator), ``url`` (a server already running), ``command`` (any server from a command line).
-Proxies: ``none``, ``nginx``, ``haproxy``, ``envoy``, ``traefik``, ``egress`` (the toolkit's
+Proxies: ``none``, ``nginx``, ``haproxy``, ``envoy``, ``traefik``, ``litellm`` (the LiteLLM
+proxy as a gateway), ``egress`` (the toolkit's
 decoupled egress buffer), ``command`` (any proxy or gateway from a command line), ``chain``
 (several of them, one behind the other). Each kind's module holds its
 options (a config model registered with :data:`TARGETS` or :data:`PROXIES`), its server class
@@ -21,6 +22,7 @@ from harness.servers import (  # noqa: F401
     _egress,
     _envoy,
     _haproxy,
+    _litellm,
     _llama_server,
     _llamacpp_python,
     _nginx,

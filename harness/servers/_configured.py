@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
 from harness.servers._base import Proxy
 from harness.servers._health import free_port
 from harness.servers._process import ServerProcess
+from harness.servers._readiness import HttpReadiness, wait_ready
 from zwcore import TargetError
 
 
@@ -54,6 +56,22 @@ class ConfiguredProxy(Proxy):
     binary_hint: ClassVar[str]
     conf_name: ClassVar[str]
     log_name: ClassVar[str] = "stderr.log"
+    ready_path: ClassVar[str | None] = None
+    """A path of the proxy's own that answers 200 once it serves (``None``: ``GET /health``
+    through it, answered by the target)."""
+
+    def launch_env(self) -> dict[str, str]:
+        """Variables added to the program's environment (default: none)."""
+        return {}
+
+    def _ready(self, url: str) -> Callable[[Callable[[], str | None]], object] | None:
+        """How the launch waits: for :attr:`ready_path` (``None``: ``/health`` through it)."""
+        path, timeout_s = self.ready_path, self.config.startup_timeout_s
+        if path is None:
+            return None
+        return lambda alive: wait_ready(
+            HttpReadiness(path=path), url, model="", timeout_s=timeout_s, alive=alive
+        )
 
     def __init__(self, config: Any) -> None:
         self.config = config
@@ -99,6 +117,8 @@ class ConfiguredProxy(Proxy):
                 log_path=self.folder / self.log_name,
                 url=url,
                 timeout_s=self.config.startup_timeout_s,
+                env=self.launch_env(),
+                ready=self._ready(url),
             )
         except TargetError as exc:
             self.stop()
