@@ -206,8 +206,9 @@ def _engine_evidence(
     chunks: pd.DataFrame,
 ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any] | None, str | None]:  # fmt: skip
     """``requests`` joined with the engine's own records (its aborts from them, or estimated
-    from the scrapes when there are none), the engine's steps, its per-request verdict
-    (``None`` without records) and why there are no records (``None`` when there are)."""
+    from the scrapes when there are none) and with the figures of clients that left
+    (``_leaves.leave_figures``), the engine's steps, its per-request verdict (``None`` without
+    records) and why there are no records (``None`` when there are)."""
     verdict_config = facts.scenario.verdict
     engine_requests = read_parquet(run_dir / ENGINE_REQUESTS)
     engine_steps = read_parquet(run_dir / ENGINE_STEPS)
@@ -217,10 +218,9 @@ def _engine_evidence(
     requests, unjoined = join_engine(
         requests, chunks, engine_requests if no_engine is None else engine_requests.iloc[0:0]
     )
-    requests.attrs["engine_unjoined"] = unjoined  # read by leave_figures
     if no_engine is not None:
-        return requests, engine_steps, None, no_engine
-    requests = engine_aborts(requests)
+        return leave_figures(requests, chunks), engine_steps, None, no_engine
+    requests = leave_figures(engine_aborts(requests), chunks, unjoined=unjoined)
     engine_steps = engine_steps.sort_values("t") if len(engine_steps) else engine_steps
     engine_verdict = kv_held_from_requests(
         requests,
@@ -230,7 +230,6 @@ def _engine_evidence(
         kv_cache_blocks=(facts.engine_probe or {}).get("kv_cache_blocks"),
         blocked_spans=send_blocked_spans(engine_requests, verdict_config.kv_held_min_ms),
     )
-    requests.attrs["engine_unjoined"] = unjoined
     return requests, engine_steps, engine_verdict, None
 
 
@@ -267,7 +266,6 @@ def analyze(run_dir: Path, facts: RunFacts | None = None) -> Analysis:
     requests, engine_steps, engine_verdict, no_engine = _engine_evidence(
         run_dir, facts, metrics, requests_frame(records, client_sockets), chunks
     )
-    requests = leave_figures(requests, chunks, unjoined=requests.attrs.get("engine_unjoined", 0))
     t_first_send = float(requests["t_send"].min()) if len(requests) else None
     # Only the load's own connections: not the scraper's, nor anyone else's.
     load_sockets = client_sockets[

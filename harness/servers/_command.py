@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import signal
 import string
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -45,7 +44,7 @@ from harness.servers._health import free_port
 from harness.servers._launched import LaunchedTarget
 from harness.servers._metric_names import MetricNames
 from harness.servers._process import ServerProcess
-from harness.servers._readiness import AutoReadiness, ReadinessConfig, wait_ready
+from harness.servers._readiness import AutoReadiness, Readiness, ReadinessConfig
 from zwcore import TargetError
 
 TARGET_PLACEHOLDERS = ("host", "port", "model", "run_dir")
@@ -105,6 +104,11 @@ class CommandOptions(StrictOptions):
     stop_signal: StopSignal = Field("SIGTERM", description="sent to its process group to stop")
     stop_grace_s: float = Field(10.0, gt=0, description="then SIGKILL")
     allowed: ClassVar[tuple[str, ...]] = ()
+
+    @property
+    def stop_signum(self) -> int:
+        """:attr:`stop_signal`'s number."""
+        return int(signal.Signals[self.stop_signal])
 
     @model_validator(mode="after")
     def _templates(self) -> CommandOptions:
@@ -184,8 +188,8 @@ class CommandTarget(LaunchedTarget):
         self.probe_loaded = config.engine_tables
         self.probe_requested = "on" if config.engine_tables else "off"
         self.probe_note = "engine_tables = false: the command's engine writes no tables"
+        self.cwd = Path(config.cwd) if config.cwd else None
         self._run_dir = Path(".")
-        self.readiness_result: str | None = None
 
     def _values(self) -> dict[str, object]:
         c = self.config
@@ -202,26 +206,13 @@ class CommandTarget(LaunchedTarget):
         """Render the command for ``run_dir``, start it and wait for its readiness. Raises
         :class:`~zwcore.TargetError` quoting its log's last error."""
         self._run_dir = run_dir
-        self.cwd = Path(self.config.cwd) if self.config.cwd else None
         super().start(run_dir)
 
-    def ready_check(self) -> Callable[[Callable[[], str | None]], object]:
-        """The configured readiness, asked until it says ready."""
-
-        def ready(alive: Callable[[], str | None]) -> None:
-            self.readiness_result = wait_ready(
-                self.config.readiness,
-                self.base_url,
-                model=self.served_model_name,
-                timeout_s=self.config.startup_timeout_s,
-                alive=alive,
-            )
-
-        return ready
+    def ready_when(self) -> Readiness:
+        return self.config.readiness
 
     def stop(self) -> None:
-        sig = signal.Signals[self.config.stop_signal]
-        self.server.stop(grace_s=self.config.stop_grace_s, sig=sig)
+        self.server.stop(grace_s=self.config.stop_grace_s, sig=self.config.stop_signum)
 
     def metric_names(self) -> tuple[MetricNames, ...]:
         names = self.config.names()
@@ -283,16 +274,10 @@ class CommandProxy(Proxy):
         env = render_env(c.env, values)
         url = f"http://{c.listen_host}:{self.port}"
         log_path = run_dir / "command-proxy.log"
-
-        def ready(alive: Callable[[], str | None]) -> None:
-            self.readiness_result = wait_ready(
-                c.readiness, url, model="", timeout_s=c.startup_timeout_s, alive=alive
-            )
-
         try:
-            self.server.launch(
+            self.readiness_result = self.server.launch(
                 self.argv, log_path=log_path, url=url, timeout_s=c.startup_timeout_s, env=env,
-                cwd=Path(c.cwd) if c.cwd else None, ready=ready,
+                cwd=Path(c.cwd) if c.cwd else None, readiness=c.readiness,
             )  # fmt: skip
         except TargetError as exc:
             self.stop()
@@ -303,8 +288,7 @@ class CommandProxy(Proxy):
         return [self.server]
 
     def stop(self) -> None:
-        sig = signal.Signals[self.config.stop_signal]
-        self.server.stop(grace_s=self.config.stop_grace_s, sig=sig)
+        self.server.stop(grace_s=self.config.stop_grace_s, sig=self.config.stop_signum)
 
     def describe(self) -> dict[str, Any]:
         readiness = {**self.config.readiness.model_dump(), "result": self.readiness_result}

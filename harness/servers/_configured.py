@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import shutil
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
 from harness.servers._base import Proxy
 from harness.servers._health import free_port
 from harness.servers._process import ServerProcess
-from harness.servers._readiness import HttpReadiness, wait_ready
+from harness.servers._readiness import HttpReadiness
 from zwcore import TargetError
 
 
@@ -64,15 +63,6 @@ class ConfiguredProxy(Proxy):
         """Variables added to the program's environment (default: none)."""
         return {}
 
-    def _ready(self, url: str) -> Callable[[Callable[[], str | None]], object] | None:
-        """How the launch waits: for :attr:`ready_path` (``None``: ``/health`` through it)."""
-        path, timeout_s = self.ready_path, self.config.startup_timeout_s
-        if path is None:
-            return None
-        return lambda alive: wait_ready(
-            HttpReadiness(path=path), url, model="", timeout_s=timeout_s, alive=alive
-        )
-
     def __init__(self, config: Any) -> None:
         self.config = config
         self.port: int = config.listen_port or free_port(config.listen_host)
@@ -118,7 +108,7 @@ class ConfiguredProxy(Proxy):
                 url=url,
                 timeout_s=self.config.startup_timeout_s,
                 env=self.launch_env(),
-                ready=self._ready(url),
+                readiness=HttpReadiness(path=self.ready_path) if self.ready_path else None,
             )
         except TargetError as exc:
             self.stop()

@@ -5,7 +5,6 @@ mean the engine died."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -13,6 +12,7 @@ from harness._engine_probe import ENGINE_DIR_ENV
 from harness.servers._base import Target
 from harness.servers._health import TargetError, free_port
 from harness.servers._process import ServerProcess
+from harness.servers._readiness import Readiness
 
 
 class LaunchedTarget(Target):
@@ -47,6 +47,7 @@ class LaunchedTarget(Target):
         this target's options turn it off (vLLM's ``engine_probe = "off"``)."""
         self.probe_requested = "on" if config.writes_tables else "off"
         self.probe_note = "not started"
+        self.readiness_result: str | None = None
 
     def build_argv(self) -> list[str]:
         raise NotImplementedError
@@ -54,9 +55,9 @@ class LaunchedTarget(Target):
     def processes(self) -> list[ServerProcess]:
         return [self.server]
 
-    def ready_check(self) -> Callable[[Callable[[], str | None]], object] | None:
-        """How the launch waits for the server, given the callable that says why it died
-        (``None``, the default: until ``GET /health`` answers 200)."""
+    def ready_when(self) -> Readiness | None:
+        """What must answer before the server counts as started (``None``, the default:
+        ``GET /health`` answering 200); what answered is :attr:`readiness_result`."""
         return None
 
     def launch_env(self) -> dict[str, str]:
@@ -74,7 +75,7 @@ class LaunchedTarget(Target):
         self.log_path = run_dir / self.log_name
         env = {**self.launch_env(), ENGINE_DIR_ENV: str(run_dir.resolve())}
         try:
-            self.server.launch(
+            self.readiness_result = self.server.launch(
                 self.argv,
                 log_path=self.log_path,
                 url=self.base_url,
@@ -82,7 +83,8 @@ class LaunchedTarget(Target):
                 env=env,
                 cwd=self.cwd,
                 alive=self.failure,  # also sees death markers in the log
-                ready=self.ready_check(),
+                readiness=self.ready_when(),
+                model=self.served_model_name,
             )
         except TargetError as exc:
             raise TargetError(f"{exc}{self._last_error()}; see {self.log_path}") from None

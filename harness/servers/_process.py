@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from harness.servers._health import wait_healthy
+from harness.servers._readiness import Readiness, wait_ready
 from netem import exec_prefix
 from zwcore import TargetError, reap_on_exit
 
@@ -112,23 +113,25 @@ class ServerProcess:
         env: dict[str, str] | None = None,
         cwd: Path | None = None,
         alive: Callable[[], str | None] | None = None,
-        ready: Callable[[Callable[[], str | None]], object] | None = None,
-    ) -> None:
+        readiness: Readiness | None = None,
+        model: str = "",
+    ) -> str | None:
         """Start ``argv`` in ``cwd`` (see :func:`start_process`) and wait until it is ready:
-        ``ready(alive)`` when given (it raises :class:`TargetError` when the server is not),
-        else until ``{url}/health`` answers 200. ``alive`` reports an early death (default:
-        :meth:`failure`). Raises :class:`TargetError` if it cannot start, dies or stays
-        unready."""
+        until ``readiness`` says so at ``url`` (for ``model``; see :func:`wait_ready`), else
+        until ``{url}/health`` answers 200. ``alive`` reports an early death (default:
+        :meth:`failure`). Returns what answered ``readiness`` (``None`` without one). Raises
+        :class:`TargetError` if it cannot start, dies or stays unready."""
         try:
             self.proc = start_process(
                 argv, log_path=log_path, env=env, cwd=cwd, netns=self.netns, cpus=self.cpus
             )
         except OSError as exc:
             raise TargetError(f"cannot start {self.label} ({argv[0]}): {exc}") from None
-        if ready is not None:
-            ready(alive or self.failure)
-        else:
-            wait_healthy(url, timeout_s=timeout_s, alive=alive or self.failure)
+        alive = alive or self.failure
+        if readiness is not None:
+            return wait_ready(readiness, url, model=model, timeout_s=timeout_s, alive=alive)
+        wait_healthy(url, timeout_s=timeout_s, alive=alive)
+        return None
 
     def failure(self) -> str | None:
         """``None`` while the process runs, else why it does not."""
