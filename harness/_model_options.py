@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import typing
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from pydantic import BaseModel
@@ -67,3 +67,19 @@ def add_model_options(
             default=argparse.SUPPRESS,
             help=f"{field.description or name} (default: {field.default})",
         )
+
+
+def model_argv(values: Mapping[str, object]) -> list[str]:
+    """The options :func:`add_model_options` reads back as ``values`` (field name -> value):
+    ``--field-name VALUE`` each, ``none`` for None, ``true``/``false`` for a bool."""
+    argv: list[str] = []
+    for name, value in values.items():
+        text = (
+            "none"
+            if value is None
+            else str(value).lower()
+            if isinstance(value, bool)
+            else str(value)
+        )
+        argv += ["--" + name.replace("_", "-"), text]
+    return argv

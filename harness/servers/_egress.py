@@ -8,6 +8,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
+from harness._egress import EgressConfig
+from harness._model_options import model_argv
 from harness.servers._base import PROXIES, Proxy, ProxyConfigBase
 from harness.servers._health import TargetError, free_port
 from harness.servers._process import ServerProcess
@@ -66,21 +68,18 @@ class EgressProxy(Proxy):
 
     def start(self, run_dir: Path, upstream_url: str) -> str:
         c = self.config
+        # the kind's options that are the proxy's own settings, passed on as its options
+        settings = {
+            k: v for k, v in c.model_dump().items()
+            if k in EgressConfig.model_fields and k not in ("listen_host", "listen_port")
+        }  # fmt: skip
         self.argv = [
             sys.executable, "-m", "harness._egress",
             "--upstream", upstream_url,
             "--listen", f"{c.listen_host}:{self.port}",
             "--metrics-listen", f"{c.listen_host}:{self.metrics_port}",
-            "--buffer-bytes", str(c.buffer_bytes),
-            "--overflow", c.overflow,
-            "--stall-timeout-s", str(c.stall_timeout_s),
-            "--client-sndbuf-bytes", "none" if c.client_sndbuf_bytes is None
-            else str(c.client_sndbuf_bytes),
-            "--client-notsent-lowat-bytes", "none" if c.client_notsent_lowat_bytes is None
-            else str(c.client_notsent_lowat_bytes),
-            "--client-tcp-nodelay", str(c.client_tcp_nodelay).lower(),
+            *model_argv(settings),
             "--clients-log", str(run_dir / CLIENTS_LOG),
-            "--event-loop", c.event_loop,
             "--log-level", "warning",
         ]  # fmt: skip
         log_path = run_dir / "egress.log"

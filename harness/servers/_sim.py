@@ -7,6 +7,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
+from harness._model_options import model_argv
 from harness._sim import SimConfig
 from harness.servers._base import TARGETS, Target, TargetConfigBase
 from harness.servers._launched import LaunchedTarget
@@ -65,6 +66,4 @@ class SimTarget(LaunchedTarget):
         engine = self.config.engine.model_copy(
             update={"served_model_name": self.config.served_model_name}
         )
-        for name, value in engine.model_dump(exclude_none=True).items():
-            argv += ["--" + name.replace("_", "-"), str(value)]
-        return argv
+        return argv + model_argv(engine.model_dump(exclude_none=True))
