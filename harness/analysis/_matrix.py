@@ -22,7 +22,7 @@ import pandas as pd
 from harness.analysis._latency import per_token_itl_s, percentile
 from harness.analysis._leaves import PHASES, leave_summary
 from harness.runfolder import MatrixCell
-from harness.scenario import VICTIMS, MatrixConfig, cell_name
+from harness.scenario import VICTIMS, MatrixConfig
 
 
 def _victims(cell: MatrixCell, requests: pd.DataFrame, chunks: pd.DataFrame) -> MatrixCell:
@@ -103,14 +103,18 @@ def matrix_cells(
     victims = requests[requests["group"] == VICTIMS]
     sent = victims["t_send"] - t0
     out = []
-    windows = [("control", "control", -1), *((p, h, i) for i, (p, h) in enumerate(matrix.cells()))]
-    for phase, how, index in windows:
+    windows = [(-1, None), *enumerate(matrix.cells())]
+    for index, spec in windows:
         start, end = matrix.window(index)
-        name = "control" if index < 0 else cell_name(phase, how)
-        cell = MatrixCell(cell=name, phase=phase, leave=how, window_s=(start, end))
+        if spec is None:
+            names = {"cell": "control", "phase": "control", "leave": "control"}
+        else:
+            names = {"cell": spec.name, "phase": spec.phase, "leave": spec.leave}
+            names["answer"] = spec.answer
+        cell = MatrixCell.model_validate({**names, "window_s": (start, end)})
         cell = _victims(cell, victims[(sent >= start) & (sent < end)], chunks)
-        if index >= 0:
-            cell = _leavers(cell, requests[requests["group"] == name])
+        if spec is not None:
+            cell = _leavers(cell, requests[requests["group"] == spec.name])
         out.append(cell)
     control_p99 = out[0].victim_ttft_p99_ms
     if control_p99:

@@ -1,4 +1,5 @@
-"""The disconnect matrix as heat-map tables: phases down, ways of leaving across.
+"""The disconnect matrix as heat-map tables: phases down (a row per phase and way of asking
+for the answer: ``decode``, ``decode (whole)``), ways of leaving across.
 
 One grid per question: how long after leaving the engine aborted the clients (p50 and max,
 and how many of the cell's clients it aborted at all), the tokens decoded for nobody, and the
@@ -21,12 +22,18 @@ from harness.runfolder import MatrixCell
 
 @dataclass(frozen=True)
 class MatrixGrid:
-    """``cells[phase][leave]``, with the row and column order of the run."""
+    """``cells[row][leave]``, with the row and column order of the run; a row is a phase,
+    ``(whole)`` added for cells whose answers were asked whole (:func:`row_name`)."""
 
     phases: list[str]
     leaves: list[str]
     cells: dict[str, dict[str, MatrixCell]]
     control: MatrixCell | None
+
+
+def row_name(c: MatrixCell) -> str:
+    """The grid row of ``c``: its phase, ``"<phase> (whole)"`` for answers asked whole."""
+    return c.phase if c.answer == "stream" else f"{c.phase} (whole)"
 
 
 def matrix_grid(cells: list[MatrixCell]) -> MatrixGrid:
@@ -39,11 +46,12 @@ def matrix_grid(cells: list[MatrixCell]) -> MatrixGrid:
         if c.phase == "control":
             control = c
             continue
-        if c.phase not in phases:
-            phases.append(c.phase)
+        row = row_name(c)
+        if row not in phases:
+            phases.append(row)
         if c.leave not in leaves:
             leaves.append(c.leave)
-        grid.setdefault(c.phase, {})[c.leave] = c
+        grid.setdefault(row, {})[c.leave] = c
     return MatrixGrid(phases, leaves, grid, control)
 
 

@@ -241,7 +241,8 @@ class ServerSummary(BaseModel):
 
 class MatrixCell(BaseModel):
     """One cell of the disconnect matrix (``harness.analysis._matrix``), or its control
-    window (``phase`` and ``leave`` ``"control"``: victims alone). Window times are s from the
+    window (``phase`` and ``leave`` ``"control"``: victims alone); ``answer``: its leavers'
+    answers streamed (``stream``) or asked whole (``whole``). Window times are s from the
     run's first send; latencies ms. ``clients``: the cell's clients (requests sent), ``left``
     of them left (``stayed``: the outcomes of the others, e.g. ``timeout`` for one whose
     deadline came before its first token); ``phases``: where the engine had each client when
@@ -271,6 +272,7 @@ class MatrixCell(BaseModel):
     cell: str
     phase: str
     leave: str
+    answer: Literal["stream", "whole"] = "stream"
     window_s: tuple[float, float]
     clients: int = 0
     left: int = 0

@@ -10,7 +10,7 @@ from harness.scenario._gate_syntax import (
     unknown_figures,
 )
 from harness.scenario._load import load_scenario, parse_scenario
-from harness.scenario._matrix import MATRIX_PHASES, VICTIMS, MatrixConfig, cell_name
+from harness.scenario._matrix import MATRIX_PHASES, VICTIMS, MatrixConfig
 from harness.scenario._models import (
     CollectorConfig,
     GatingConfig,
@@ -63,7 +63,6 @@ __all__ = [
     "Scenario",
     "ScenarioError",
     "ServerNetConfig",
-    "cell_name",
     "VerdictConfig",
     "load_scenario",
     "needs_baseline",

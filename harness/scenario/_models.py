@@ -204,6 +204,19 @@ def _gate(value: Any) -> Gate:
 GateField = Annotated[Gate, PlainValidator(_gate), PlainSerializer(str, return_type=str)]
 
 
+def _listing(names: list[str], owners: list[str]) -> str:
+    """``names`` for an error message: the run's own figures, then every owner's figures once
+    (``<owner>.<figure>`` for the owners and figures listed), not each owner's spelt out."""
+    per_owner = {n[len(o) + 1 :] for o in owners for n in names if n.startswith(f"{o}.")}
+    if not per_owner or len(owners) < 2:
+        return ", ".join(names)
+    own = [n for n in names if not any(n.startswith(f"{o}.") for o in owners)]
+    return (
+        f"{', '.join(own)}; and <owner>.<name> for owner in {', '.join(owners)}; name in "
+        f"{', '.join(sorted(per_owner))}"
+    )
+
+
 def check_figures(
     gates: list[Gate], groups: list[UserGroupConfig], *, control: bool = False
 ) -> None:
@@ -232,7 +245,7 @@ def check_figures(
                 "figure": repr(gate.figure),
                 "what": what,
                 "hint": hint,
-                "valid": ", ".join(names),
+                "valid": _listing(names, owners),
                 "gate_index": gates.index(gate),
             },
         )
