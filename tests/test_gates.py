@@ -165,7 +165,8 @@ def test_unknown_figure_is_rejected_at_load_with_the_valid_names():
     assert {"fast.ttft_p99_ms", "server.preemptions", "kv_held_after_finish_s"} <= set(valid)
     assert "fast.outcome.client_abort" in valid and "client_saturated" in valid
     # With several groups each group's figures are listed once, not per group.
-    two = SCENARIO.format(gate="slwo.ttft_p99_ms <= 1") + '[[groups]]\nname = "slow"\nusers = 1\nrequests_per_user = 1\n'
+    slow = '[[groups]]\nname = "slow"\nusers = 1\nrequests_per_user = 1\n'
+    two = SCENARIO.format(gate="slwo.ttft_p99_ms <= 1") + slow
     with pytest.raises(ScenarioError) as exc:
         parse_scenario(two, path=Path("s.toml"))
     message = str(exc.value)
