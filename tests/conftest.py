@@ -13,15 +13,15 @@ from typing import Any
 
 import pytest
 
+from harness.servers._vllm import SUITE_ARGS
+
 REPO = Path(__file__).resolve().parents[1]
 # Pin the CPU worker to core 0 so the API server and the load generator keep a core.
 VLLM_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0"}
 ZEROWINDOW = [sys.executable, "-m", "harness"]
-# The KV budget of the shared server: 64 blocks of 32 tokens, as in DESIGN.md's measurement.
-VLLM_ARGS = [
-    "--num-gpu-blocks-override", "64", "--block-size", "32", "--max-num-seqs", "16",
-    "--max-model-len", "1024", "--gpu-memory-utilization", "0.1",
-]  # fmt: skip
+# The shared server is the suite's vLLM (`suite run --target vllm`): 64 blocks of 32 tokens, as
+# in DESIGN.md's measurement.
+VLLM_ARGS = SUITE_ARGS
 
 
 @pytest.hookimpl(trylast=True)

@@ -19,10 +19,13 @@ from zwcore import format_cpu_list
 
 SUITE_ARGS = [
     "--num-gpu-blocks-override", "64", "--block-size", "32", "--max-num-seqs", "16",
-    "--max-model-len", "2048", "--gpu-memory-utilization", "0.1",
+    "--max-model-len", "1024", "--gpu-memory-utilization", "0.1",
 ]  # fmt: skip
-"""The vLLM of ``zerowindow suite run --target vllm``: 64 KV blocks of 32 tokens (DESIGN.md's
-measurement), 16 sequences at most, prompts of up to 2,048 tokens with their output."""
+"""The vLLM of ``zerowindow suite run --target vllm`` (and of the tests' shared server): 64 KV
+blocks of 32 tokens (DESIGN.md's measurement), 16 sequences at most, prompts of up to 1,024
+tokens with their output. vLLM keeps one block as its null block (``BlockPool`` in
+vllm/v1/core/block_pool.py), so 64 blocks hold 2,016 tokens and a ``--max-model-len`` of 2,048
+is refused at start."""
 VLLM_METRICS = MetricNames(
     kv_cache_usage=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
     num_requests_running=("vllm:num_requests_running",),
