@@ -8,6 +8,7 @@ whose failed requests are data, both are wrong; these hooks fix them for one pro
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import gevent
@@ -15,23 +16,35 @@ from locust import log
 from locust.env import Environment
 from locust.runners import WorkerRunner
 
+logger = logging.getLogger(__name__)
+
 
 def quit_when_users_done(environment: Environment, *, poll_s: float = 0.2) -> None:
     """Quit the runner (headless) or stop the test (web UI) once all users have stopped.
 
     Watching starts at the first ``spawning_complete`` event; then every ``poll_s`` seconds
     the runner's live user count is checked. On a Locust master that count is the sum of its
-    workers' reports (every 3 s; a worker without heartbeat for 3 s counts 0), and quitting the
-    master quits its workers; a worker never quits by itself (its master does it).
+    workers' reports, and quitting the master quits its workers; a worker never quits by
+    itself (its master does it). Locust's workers report every ``WORKER_REPORT_INTERVAL``
+    (3 s, locust/runners.py); a worker whose users have all stopped reports at once, so that
+    its master quits within ``poll_s`` of the last user, not up to 3 s later (its report
+    fires ``report_to_master`` first: a forwarding worker's last lines still reach the master
+    before its user count does, ``loadgen._distributed``).
     """
     started = False
 
     def watch() -> None:
         runner = environment.runner
-        if runner is None or isinstance(runner, WorkerRunner):
+        if runner is None:
             return
         while runner.user_count > 0:
             gevent.sleep(poll_s)
+        if isinstance(runner, WorkerRunner):
+            try:
+                runner._send_stats()  # Locust's own report (stats_reporter), sent now
+            except Exception:  # noqa: BLE001 - the periodic report still comes
+                logger.warning("could not report the end of this worker's users at once")
+            return
         options = environment.parsed_options
         if options is None or getattr(options, "headless", False):
             runner.quit()

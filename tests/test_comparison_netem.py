@@ -45,6 +45,10 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert text.count("tcp_wmem = [4096, 16384, 65536]") == 1
     text = text.replace("tcp_wmem = [4096, 16384, 65536]", "tcp_wmem = [4096, 16384, 16384]")
     text = text.replace("cooldown_s = 2\n", "cooldown_s = 0.5\n")  # the clients are gone
+    # The 3G link is not measured (10 s at a 300 ms RTT; tests/test_shaping.py measures them);
+    # the slow readers' TTFT says it is shaped.
+    assert text.count("measure = true\n") == 1
+    text = text.replace("measure = true\n", "measure = false\n")
     scenario.write_text(text.replace("max_tokens = 600", "max_tokens = 80"))
     done = run_cli("run", str(scenario), "--out", str(out), "--no-progress", "--workers", "2")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -73,7 +77,8 @@ def test_one_network_for_every_configuration(run_dir: Path) -> None:
         "netem",
         "fallback",
     )
-    assert network["measured"]["slow"]["measured"]["rtt_ms"] == pytest.approx(300, rel=0.15)
+    assert network["shaping"]["slow"]["profile"]["down"]["delay_ms"] == 150
+    assert not network["measured"]
     for config in CONFIGS:
         run = _json(run_dir / config / "run.json")
         assert run["status"] == "complete", (config, run.get("failure"))
