@@ -1,6 +1,7 @@
 """The toolkit's foundation, shared by ``loadgen``, ``netem`` and ``harness``: the registry by
 ``kind`` that every pluggable part uses, plugins that register kinds, the one exception tree,
-CPU lists, and the reaper that ends what the harness started once the harness is gone."""
+CPU lists, HTTP clients, and the reaper that ends what the harness started once the harness is
+gone."""
 
 from zwcore._cpus import format_cpu_list, parse_cpu_list
 from zwcore._errors import (
@@ -12,6 +13,7 @@ from zwcore._errors import (
     TargetError,
     ZerowindowError,
 )
+from zwcore._http import http_client
 from zwcore._plugins import is_file_plugin, load_plugins, resolve_plugins
 from zwcore._reaper import reap_on_exit
 from zwcore._registry import Registry, UnknownKindError, kind_of, relocated_errors
@@ -27,6 +29,7 @@ __all__ = [
     "UnknownKindError",
     "ZerowindowError",
     "format_cpu_list",
+    "http_client",
     "is_file_plugin",
     "kind_of",
     "load_plugins",

@@ -15,6 +15,7 @@ import httpx
 import psutil
 
 from netem import TcpDiag
+from zwcore import http_client
 
 
 class MetricsReader(Protocol):
@@ -108,7 +109,7 @@ class MetricsScraper(Sampler):
         self.rows: list[dict[str, Any]] = []
         self.consecutive_failures = 0
         self.last_error: str | None = None
-        self._client = httpx.Client(timeout=max(1.0, interval_s * 4))
+        self._client = http_client(timeout=max(1.0, interval_s * 4))
 
     def sample(self) -> None:
         t = time.monotonic()

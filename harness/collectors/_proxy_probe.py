@@ -36,6 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from harness.collectors._collectors import Sampler
 from netem import tcp_sockets
+from zwcore import http_client
 
 _EGRESS = "zerowindow_egress"
 
@@ -151,7 +152,7 @@ class ProxyProbe(Sampler):
         self.metrics_url = metrics_url
         self.temp_dir = temp_dir
         self.rows: list[dict[str, Any]] = []
-        self._client = httpx.Client(timeout=max(1.0, interval_s * 4))
+        self._client = http_client(timeout=max(1.0, interval_s * 4))
 
     def sample(self) -> None:
         row: dict[str, Any] = {"t": time.monotonic()}

@@ -38,7 +38,7 @@ from harness.runfolder import PLAN_JSON, keep_plugins, write_json
 from harness.scenario import NamedProxyConfig, Plan, RunEntry, Scenario
 from harness.servers import Target
 from loadgen import RequestSpec, build_prompt, prompt_seed, stream_request
-from zwcore import NetworkError, TargetError
+from zwcore import NetworkError, TargetError, http_client
 
 IDLE_TIMEOUT_S = 120.0
 WARMUP_REQUESTS = 3
@@ -119,7 +119,7 @@ def wait_idle(target: Target, *, timeout_s: float = IDLE_TIMEOUT_S) -> float | N
     (then it returns at once: there is nothing to wait for). A ``/metrics`` that does not
     answer is asked again every 0.25 s."""
     t0 = time.monotonic()
-    with httpx.Client(timeout=5.0) as client:
+    with http_client(timeout=5.0) as client:
         while time.monotonic() - t0 < timeout_s:
             try:
                 idle = target.idle(client)

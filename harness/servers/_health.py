@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import httpx
 
-from zwcore import TargetError
+from zwcore import TargetError, http_client
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -38,7 +38,7 @@ def wait_healthy(
     """
     deadline = time.monotonic() + timeout_s
     last = "no answer yet"
-    with httpx.Client(timeout=2.0) as client:
+    with http_client(timeout=2.0) as client:
         while time.monotonic() < deadline:
             if alive is not None and (reason := alive()):
                 raise TargetError(f"target failed while starting: {reason}")

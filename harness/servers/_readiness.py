@@ -22,7 +22,7 @@ from typing import Annotated, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from zwcore import Registry, TargetError
+from zwcore import Registry, TargetError, http_client
 
 _POLL_S = 0.5
 _REQUEST_TIMEOUT_S = 2.0
@@ -117,7 +117,7 @@ def wait_ready(
     or why the server died."""
     t0 = time.monotonic()
     last = "no answer yet"
-    with httpx.Client(timeout=_REQUEST_TIMEOUT_S) as client:
+    with http_client(timeout=_REQUEST_TIMEOUT_S) as client:
         while True:
             if alive is not None and (reason := alive()):
                 raise TargetError(f"failed while starting: {reason} (last: {last})")
