@@ -1,10 +1,12 @@
-"""A proxy's own figures and its hops' summaries, without processes: each kind's metric
-declaration read from exposition text as the gateways serve it (Traefik 3.7, LiteLLM 1.108, the
-egress buffer), the rise of a counter a gateway exports only once it has counted, and the
-per-hop summary of a small ``proxy.parquet`` (with and without its ``hop`` column)."""
+"""A proxy's own figures and its hops' summaries: each kind's metric declaration read from
+exposition text as the gateways serve it (Traefik 3.7, LiteLLM 1.108, the egress buffer), the
+rise of a counter a gateway exports only once it has counted, the per-hop summary of a small
+``proxy.parquet`` (with and without its ``hop`` column), the probe settings a chain gives per
+hop; and, with real sockets and a process, a hop's queues counted from its own sockets only."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -157,3 +159,76 @@ def test_a_chain_gives_each_hop_its_ports_and_folder_and_a_single_proxy_is_hop_0
     (only,) = single.probe_hops(tmp_path, "http://127.0.0.1:8000", "http://127.0.0.1:9000")
     assert (only.index, only.listen_port, only.upstream_port) == (0, 8000, 9000)
     assert make_proxy(PROXIES.get("none")()).probe_hops(tmp_path, "u", "u") == []
+
+
+HOP = """
+import socket, sys, time
+upstream = socket.create_connection(("127.0.0.1", int(sys.argv[1])))  # never read
+listener = socket.socket()
+listener.bind(("127.0.0.1", 0))
+listener.listen()
+print(listener.getsockname()[1], flush=True)
+client, _ = listener.accept()
+client.setblocking(False)
+try:
+    while True:
+        client.send(b"x" * 65536)
+except BlockingIOError:
+    pass
+time.sleep(60)
+"""
+
+
+def test_a_hop_counts_only_the_sockets_its_own_processes_hold():
+    """A hop (a process of its own) forwards to an upstream listener in this process; this
+    process also connects to that upstream itself and reads nothing: its Recv-Q is not the
+    hop's."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from harness.collectors import ProxyProbe
+    from harness.servers import ProxyHop
+
+    upstream = socket.create_server(("127.0.0.1", 0))
+    up_port = upstream.getsockname()[1]
+    hop = subprocess.Popen([sys.executable, "-c", HOP, str(up_port)], stdout=subprocess.PIPE)
+    sockets: list[socket.socket] = [upstream]
+    try:
+        to_hop, _ = upstream.accept()
+        foreign = socket.create_connection(("127.0.0.1", up_port))  # not the hop's
+        to_foreign, _ = upstream.accept()
+        to_hop.sendall(b"u" * 1000)  # waits unread in the hop's upstream socket
+        to_foreign.sendall(b"f" * 5000)  # waits unread in this process's own socket
+        assert hop.stdout is not None
+        listen_port = int(hop.stdout.readline())
+        client = socket.socket()
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        client.connect(("127.0.0.1", listen_port))  # reads nothing: the hop's Send-Q fills
+        sockets += [to_hop, foreign, to_foreign, client]
+        time.sleep(0.5)
+        probe = ProxyProbe(
+            ProxyHop(index=1, kind="x", pid=hop.pid, listen_port=listen_port,
+                     upstream_port=up_port),
+        )  # fmt: skip
+        probe.sample()
+        (row,) = probe.rows
+        assert row["hop"] == 1 and row["rss_bytes"] > 0
+        assert row["upstream_recv_q_bytes"] == 1000, row
+        assert row["client_send_q_bytes"] > 4096, row
+    finally:
+        hop.kill()
+        hop.wait()
+        for s in sockets:
+            s.close()
+
+
+def test_the_hops_probes_share_one_read_of_a_namespaces_socket_table():
+    from harness.collectors import SocketTables
+
+    tables = SocketTables(max_age_s=60.0)
+    first = tables.sockets("/proc/self")
+    assert tables.sockets(f"/proc/{os.getpid()}") is first  # same namespace, read once
+    assert SocketTables(max_age_s=0.0).sockets("/proc/self") is not first
+    assert tables.sockets("/proc/999999999") == []  # a process that is gone

@@ -13,6 +13,7 @@ from harness.collectors._engine_tables import collect_engine_tables
 from harness.collectors._proxy_probe import (
     ProbedHop,
     ProxyProbe,
+    SocketTables,
     procs_rss_bytes,
     tree_rss_bytes,
 )
@@ -27,5 +28,6 @@ __all__ = [
     "Sampler",
     "collect_engine_tables",
     "SocketSampler",
+    "SocketTables",
     "tree_rss_bytes",
 ]

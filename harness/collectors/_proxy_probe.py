@@ -31,7 +31,9 @@ numbered from the clients' side inward; the run starts one probe per hop, each a
 
 from __future__ import annotations
 
+import math
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,7 +43,7 @@ import httpx
 import psutil
 
 from harness.collectors._collectors import Sampler
-from netem import tcp_sockets
+from netem import TcpSocket, tcp_sockets
 
 
 def tree_processes(pid: int) -> list[psutil.Process]:
@@ -139,9 +141,37 @@ class ProbedHop(Protocol):
         ...
 
 
+class SocketTables:
+    """The TCP socket tables (``/proc/<pid>/net/tcp`` and ``tcp6``) of the network namespaces the
+    hops run in, read at most once per ``max_age_s`` per namespace and shared by the probes of a
+    run's hops: every read walks the kernel's whole connection hash table (about 5 ms per file
+    on a 2-CPU machine with 262,144 buckets, however few the sockets), what each hop needs of
+    it is its own few sockets. Safe to use from several threads."""
+
+    def __init__(self, *, max_age_s: float) -> None:
+        self.max_age_s = max_age_s
+        self._lock = threading.Lock()
+        self._read: dict[int, tuple[float, list[TcpSocket]]] = {}  # namespace inode -> (t, table)
+
+    def sockets(self, proc: str) -> list[TcpSocket]:
+        """The sockets of the namespace of ``proc`` (``/proc/<pid>`` or ``/proc/self``), read
+        again when the last read is older than ``max_age_s``."""
+        try:
+            namespace = os.stat(f"{proc}/ns/net").st_ino
+        except OSError:  # the process is gone: its table with it
+            return []
+        with self._lock:
+            t, table = self._read.get(namespace, (-math.inf, []))
+            if time.monotonic() - t > self.max_age_s:
+                t, table = time.monotonic(), tcp_sockets(proc=proc)
+                self._read[namespace] = (t, table)
+        return table
+
+
 class ProxyProbe(Sampler):
     """Samples one hop of a running proxy every ``interval_s`` (see the module docstring); the
-    run starts one per hop, so that a hop slow to answer its metrics delays no other's samples.
+    run starts one per hop, so that a hop slow to answer its metrics delays no other's samples,
+    all sharing ``tables`` (default: one of their own).
 
     ``rows`` holds one dict per sample: ``t`` (monotonic s), ``hop`` (its index), ``rss_bytes``
     (``None``: its process is gone; absent: it has none), ``client_send_q_bytes`` and
@@ -150,9 +180,12 @@ class ProxyProbe(Sampler):
     ``max(1 s, 4 * interval_s)``) and its figures (``ProbedHop.read_metrics``).
     """
 
-    def __init__(self, hop: ProbedHop, *, interval_s: float = 0.25) -> None:
+    def __init__(
+        self, hop: ProbedHop, *, interval_s: float = 0.25, tables: SocketTables | None = None
+    ) -> None:
         super().__init__(interval_s, f"zw-proxy-probe-{hop.index}")
         self.hop = hop
+        self.tables = tables or SocketTables(max_age_s=interval_s / 2)
         self.rows: list[dict[str, Any]] = []
         self._client = httpx.Client(timeout=max(1.0, interval_s * 4))
 
@@ -164,9 +197,9 @@ class ProxyProbe(Sampler):
             row["rss_bytes"] = procs_rss_bytes(procs) if procs else None
         send_q, recv_q = 0, 0
         # The hop's own namespace and sockets; with no process, any socket of this namespace.
-        proc = f"/proc/{hop.pid}" if procs else "/proc"
+        proc = f"/proc/{hop.pid}" if procs else "/proc/self"
         own = socket_inodes([p.pid for p in procs]) if procs else None
-        for s in tcp_sockets(proc=proc):
+        for s in self.tables.sockets(proc):
             if s.state == "LISTEN" or (own is not None and s.inode not in own):
                 continue
             if s.local_port == hop.listen_port:

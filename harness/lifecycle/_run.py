@@ -26,6 +26,7 @@ from harness.collectors import (
     MetricsScraper,
     ProxyProbe,
     SocketSampler,
+    SocketTables,
     collect_engine_tables,
 )
 from harness.lifecycle._distributed import (
@@ -158,7 +159,8 @@ class RunLifecycle:
         self.sockets = SocketSampler(ports, interval_s=c.sockets_interval_s, netns=netns)
         self.scraper.start()
         self.sockets.start()
-        self.probes = [ProxyProbe(hop, interval_s=c.metrics_interval_s) for hop in hops]
+        tables = SocketTables(max_age_s=c.metrics_interval_s / 2)  # one read per tick for all
+        self.probes = [ProxyProbe(h, interval_s=c.metrics_interval_s, tables=tables) for h in hops]
         for probe in self.probes:
             probe.start()
 
