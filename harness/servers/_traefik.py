@@ -46,10 +46,14 @@ TRAEFIK_FIGURES = (
                 labels=(("entrypoint", ENTRY_POINT),)),
 )  # fmt: skip
 """Traefik v3's own figures (https://doc.traefik.io/traefik/observability/metrics/overview/,
-names as its Prometheus exporter serves them): requests the ``web`` entry point answered (every
-status code; counted when the answer ends), requests its service forwarded to the upstream, and
-the ``web`` entry point's open TCP connections (``traefik_open_connections``, v3; the
-``metrics`` entry point's own are left out)."""
+names as its Prometheus exporter serves them): requests the ``web`` entry point answered and
+requests its service forwarded to the upstream (every status code, a client that left
+included), and the ``web`` entry point's open TCP connections (``traefik_open_connections``,
+v3; the ``metrics`` entry point's own are left out). A request is counted once its handler
+returns (pkg/middlewares/metrics/metrics.go counts after ``next.ServeHTTP``, with no defer): a
+stream Traefik aborts because its upstream broke off mid-body is in its access log but not in
+these counters (seen in ``scenarios/incidents/chain-inner-idle-timeout.toml``: nginx behind it
+cut two streams, Traefik counted 4 requests of 6)."""
 
 
 @PROXIES.register
