@@ -48,7 +48,11 @@ LITELLM_FIGURES = (
 and those that failed (litellm/integrations/prometheus.py, ``litellm_proxy_total_requests_metric``
 and ``litellm_proxy_failed_requests_metric``), and HTTP requests in flight on its worker
 (litellm/proxy/middleware/in_flight_requests_middleware.py: every HTTP request, the scrape that
-reads it included, so it is at least 1)."""
+reads it included, so it is at least 1). Measured (``scenarios/incidents/litellm-disconnect.toml``
+and ``tests/test_command_kinds.py``): a client that leaves before its whole answer counts as a
+success as LiteLLM ships (it finishes the request upstream) and as a failure with
+``cancel_on_disconnect`` (its 499); a stream whose client left mid-stream is not counted at all
+by the end of the run."""
 METRIC_NAMES_QUERY = "&".join(f"name[]={f.metric}" for f in LITELLM_FIGURES)
 """``/metrics/`` renders only these samples (``name[]`` parameters,
 litellm/integrations/prometheus_metrics_endpoint.py): a whole registry at every probe would
