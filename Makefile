@@ -7,8 +7,11 @@ STAMP  := $(VENV)/.zerowindow-installed
 MODEL  := models/tiny
 ENGINES := $(VENV)/.zerowindow-engines
 # The LiteLLM proxy (proxy kind `litellm`) has a virtual environment of its own: its pins (rich,
-# among others) would fight the toolkit's; its program is linked into the toolkit's bin.
+# among others) would fight the toolkit's; its program is linked into the toolkit's bin. Its
+# Prometheus metrics need prometheus-client, which `litellm[proxy]` does not pull in (LiteLLM's
+# own `proxy-runtime` extra, which does, brings cloud SDKs besides).
 LITELLM_VENV := .venv-litellm
+LITELLM_STAMP := $(LITELLM_VENV)/.zerowindow-installed
 LITELLM := $(VENV)/bin/litellm
 
 .PHONY: debs setup engines demo test unit lint bench clean
@@ -57,9 +60,12 @@ debs:
 	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
 	  else echo "missing Debian packages:$$missing (their tests are skipped)"; fi; fi
 
-$(LITELLM): | $(STAMP)
+$(LITELLM_STAMP): | $(STAMP)
 	test -x $(LITELLM_VENV)/bin/python || $(PYTHON) -m venv $(LITELLM_VENV)
-	$(LITELLM_VENV)/bin/pip install -q 'litellm[proxy]>=1.108,<2'
+	$(LITELLM_VENV)/bin/pip install -q 'litellm[proxy]>=1.108,<2' 'prometheus-client>=0.20,<1'
+	touch $@
+
+$(LITELLM): $(LITELLM_STAMP)
 	ln -sf ../../$(LITELLM_VENV)/bin/litellm $(LITELLM)
 
 setup: debs $(STAMP) $(MODEL)/config.json $(LITELLM)

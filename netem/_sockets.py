@@ -31,7 +31,9 @@ TCP_STATES = {
 
 @dataclass(frozen=True)
 class TcpSocket:
-    """One TCP socket as the kernel reports it. Queues are in bytes."""
+    """One TCP socket as the kernel reports it. Queues are in bytes; ``inode`` is the socket's
+    inode, which a process holding it shows as a ``socket:[<inode>]`` link in ``/proc/<pid>/fd``
+    (0: no process holds it, as in ``TIME_WAIT``)."""
 
     local_addr: str
     local_port: int
@@ -40,6 +42,7 @@ class TcpSocket:
     state: str
     send_q_bytes: int
     recv_q_bytes: int
+    inode: int = 0
 
 
 def _decode_addr(hex_addr: str) -> str:
@@ -60,7 +63,7 @@ def parse_proc_net_tcp(text: str) -> list[TcpSocket]:
     sockets = []
     for line in text.splitlines()[1:]:
         fields = line.split()
-        if len(fields) < 5:
+        if len(fields) < 10:
             continue
         local, remote, state_hex, queues = fields[1], fields[2], fields[3], fields[4]
         local_addr, local_port = local.split(":")
@@ -76,6 +79,7 @@ def parse_proc_net_tcp(text: str) -> list[TcpSocket]:
                 state=TCP_STATES.get(state, str(state)),
                 send_q_bytes=int(tx_q, 16),
                 recv_q_bytes=int(rx_q, 16),
+                inode=int(fields[9]),
             )
         )
     return sockets

@@ -151,9 +151,6 @@ def test_a_command_target_behind_a_chain_is_read_by_its_declared_names(any_stack
     sockets = pd.read_parquet(run_dir / "sockets.parquet")
     hop_ports = {int(h["url"].rsplit(":", 1)[1]) for h in chain["hops"]}
     assert hop_ports <= set(sockets["local_port"]), (hop_ports, set(sockets["local_port"]))
-    hops = result.summary.proxy.hops
-    assert [(h.index, h.kind) for h in hops] == [(0, "traefik"), (1, "litellm"), (2, "command")]
-    assert all(h.samples > 0 and h.send_q_peak_bytes is not None for h in hops)
     # read by the names the scenario declared (the toy engine serves no vLLM name)
     metrics = pd.read_parquet(run_dir / "server_metrics.parquet")
     assert metrics["kv_cache_usage"].max() > 0 and metrics["num_requests_running"].max() > 0
@@ -196,6 +193,53 @@ def test_whole_answer_leavers_through_litellm_with_cancel_on_disconnect_are_no_z
     requests = pd.read_parquet(any_stack.run_dir / "requests.parquet")
     left = requests[requests["group"] == "whole-leave"]
     assert list(left["outcome"]) == ["client_abort"] * 2
+
+
+def test_every_hop_of_the_chain_is_probed_as_a_single_proxy_is(any_stack):
+    run_dir = any_stack.run_dir
+    info = json.loads((run_dir / "run.json").read_text())
+    # each hop listens where the hop in front of it connects, and forwards to the next one's port
+    probed = info["proxy_hops"]
+    kinds = ["traefik", "litellm", "command"]
+    ports = [int(h["url"].rsplit(":", 1)[1]) for h in info["proxy"]["hops"]]
+    target_port = int(info["target"]["base_url"].rsplit(":", 1)[1])
+    assert [(h["index"], h["kind"], h["port"]) for h in probed] == list(
+        zip(range(3), kinds, ports, strict=True)
+    )
+    assert [h["upstream_port"] for h in probed] == [*ports[1:], target_port]
+    # proxy.parquet: every hop's own rows, its process tree's memory in each
+    samples = pd.read_parquet(run_dir / "proxy.parquet")
+    assert set(samples["hop"]) == {0, 1, 2}
+    for hop, rows in samples.groupby("hop"):
+        assert len(rows) > 5 and (rows["rss_bytes"] > 0).all(), hop
+        assert rows["client_send_q_bytes"].notna().all(), hop
+    proxy = json.loads((run_dir / "summary.json").read_text())["proxy"]
+    hops = proxy["hops"]
+    assert [(h["index"], h["kind"]) for h in hops] == list(enumerate(kinds))
+    for h in hops:
+        assert h["rss_peak_bytes"] > 0 and h["probe_samples"] > 5, h
+        assert h["samples"] > 0 and h["send_q_peak_bytes"] is not None, h
+        assert h["client_send_q_peak_bytes"] >= 0 and h["upstream_recv_q_peak_bytes"] >= 0, h
+        assert h["buffered_peak_bytes"] is None, h  # none of them spills or says what it holds
+    # the first hop's figures are the proxy's
+    assert proxy["rss_peak_bytes"] == hops[0]["rss_peak_bytes"] and proxy["kind"] == "chain"
+    traefik, litellm, command = (h["metrics"] for h in hops)
+    requests = pd.read_parquet(run_dir / "requests.parquet")
+    leavers = int((requests["outcome"] == "client_abort").sum())
+    assert len(requests) == 8 and leavers == 2
+    # Traefik counts every request its entry point answered (a leaver's too), when it ends;
+    # the run's own readiness check came before the first sample
+    assert traefik["requests"] == traefik["service_requests"] == len(requests), traefik
+    assert 1 <= traefik["open_connections_peak"] <= len(requests), traefik
+    # LiteLLM counts each request it finished, a leaver as failed (cancel_on_disconnect: 499)
+    assert litellm["requests"] == len(requests), litellm
+    assert litellm["failed_requests"] == leavers, litellm
+    # in flight on its worker: the requests it serves and the probe's own scrape
+    assert 2 <= litellm["in_flight_requests_peak"] <= len(requests) + 1, litellm
+    assert command == {}  # a command proxy declares no metrics
+    # the report draws each hop over time, under the lanes
+    report = (run_dir / "report.html").read_text()
+    assert all(f"hop {i} {kind}" in report for i, kind in enumerate(kinds))
 
 
 def test_a_command_that_dies_fails_the_run_with_its_reason(tmp_path):

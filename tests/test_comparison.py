@@ -350,20 +350,6 @@ def test_scenario_proxies_errors(extra: str, message: str) -> None:
     assert message in str(err.value), str(err.value)
 
 
-def test_parse_egress_metrics_sums_and_splits_cuts() -> None:
-    from harness.collectors._proxy_probe import parse_egress_metrics
-
-    text = """# TYPE zerowindow_egress_cuts counter
-zerowindow_egress_cuts_total{reason="stall_timeout"} 2.0
-zerowindow_egress_cuts_total{reason="overflow"} 1.0
-# TYPE zerowindow_egress_buffered_bytes gauge
-zerowindow_egress_buffered_bytes 4096.0
-"""
-    m = parse_egress_metrics(text)
-    assert m["cuts"] == 3 and m["cuts_stall_timeout"] == 2 and m["cuts_overflow"] == 1
-    assert m["buffered_bytes"] == 4096
-
-
 def test_an_abort_is_never_dated_before_a_scrape_gap() -> None:
     # The harness was starved: no scrape between -0.5 s and 5 s, while the stalled stream was
     # sent (0 s) and aborted; a late-answering scrape at 6 s counts a request sent at 6.05 s.

@@ -317,10 +317,13 @@ def test_traefik_options_become_its_own_settings(tmp_path):
         buffering=True, flush_interval_ms=-1, write_timeout_s=2.5,
     )  # fmt: skip
     static, dynamic = traefik_configs(
-        config, port=8081, upstream_url="http://127.0.0.1:9", folder=tmp_path
+        config, port=8081, metrics_port=8082, upstream_url="http://127.0.0.1:9", folder=tmp_path
     )
     web = static["entryPoints"]["web"]
     assert web["address"] == "127.0.0.1:8081"
+    # its own metrics on an entry point of their own, never routed to the target
+    assert static["entryPoints"]["metrics"] == {"address": "127.0.0.1:8082"}
+    assert static["metrics"]["prometheus"]["entryPoint"] == "metrics"
     assert web["transport"]["respondingTimeouts"]["writeTimeout"] == "2500ms"
     http = dynamic["http"]
     assert http["routers"]["target"]["middlewares"] == ["compress", "buffering"]
@@ -330,7 +333,9 @@ def test_traefik_options_become_its_own_settings(tmp_path):
     service = http["services"]["target"]["loadBalancer"]
     assert service["servers"] == [{"url": "http://127.0.0.1:9"}]
     assert service["responseForwarding"]["flushInterval"] == "-1ms"
-    plain = traefik_configs(TraefikProxyConfig(), port=1, upstream_url="u", folder=tmp_path)[1]
+    plain = traefik_configs(
+        TraefikProxyConfig(), port=1, metrics_port=2, upstream_url="u", folder=tmp_path
+    )[1]
     assert (
         "middlewares" not in plain["http"]
         and "middlewares" not in plain["http"]["routers"]["target"]
@@ -360,3 +365,9 @@ def test_litellm_options_become_its_config():
     assert data["general_settings"]["cancel_on_disconnect"] is True
     shipped = litellm_config(LitellmProxyConfig(), upstream_url="http://127.0.0.1:9")
     assert "cancel_on_disconnect" not in shipped["general_settings"]  # the version's default
+    # its own metrics, unless asked not to (a LiteLLM without prometheus-client)
+    settings = shipped["litellm_settings"]
+    assert settings["callbacks"] == ["prometheus"]
+    assert settings["require_auth_for_metrics_endpoint"] is False
+    quiet = litellm_config(LitellmProxyConfig(prometheus=False), upstream_url="http://h:9")
+    assert "callbacks" not in quiet["litellm_settings"]

@@ -1,6 +1,7 @@
 """The report's per-request swimlane, from synthetic run folders: the engine's spans joined by
 ``engine_request_id`` above, the client's below, slowest first, and a note instead of the
-engine row when the run has no engine table or no join columns."""
+engine row when the run has no engine table or no join columns; under it, each proxy hop over
+time (``proxy.parquet``), with or without the ``hop`` column."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 
 from harness._engine_probe import REQUEST_SCHEMA
 from harness.outputs._report import render_report
-from harness.outputs._report._data import load_run
+from harness.outputs._report._data import hop_samples, load_run
 from harness.outputs._report._swimlane import (
     client_spans,
     engine_spans,
@@ -98,6 +99,35 @@ def make_run(path: Path, *, engine: bool = True, join: bool = True, records: boo
         ))  # fmt: skip
         writer.close()
     return path
+
+
+def add_proxy(run: Path, *, hops: bool = True) -> Path:
+    """Proxy samples in ``run``: two hops (traefik, litellm) with their summaries, or
+    (``hops=False``) a single nginx's samples as written before every hop was probed (no ``hop``
+    column, no ``proxy.hops``)."""
+    rows = []
+    for i in range(9):
+        t = 1000.0 + i
+        rows.append({"t": t, "hop": 0, "rss_bytes": 9e7, "client_send_q_bytes": 100 * i,
+                     "upstream_recv_q_bytes": 10, "metrics_ok": True, "requests": float(i)})
+        rows.append({"t": t + 0.05, "hop": 1, "rss_bytes": 4e8, "client_send_q_bytes": 7,
+                     "upstream_recv_q_bytes": 50 * i, "metrics_ok": True})  # fmt: skip
+    frame = pd.DataFrame(rows)
+    summary = json.loads((run / "summary.json").read_text())
+    summary["proxy"] = {"name": "chain", "kind": "chain", "rss_peak_bytes": 9e7, "samples": 9}
+    if hops:
+        summary["proxy"]["hops"] = [
+            {"index": 0, "kind": "traefik", "port": 8000, "send_q_peak_bytes": 900,
+             "samples": 9, "rss_peak_bytes": 90000000, "client_send_q_peak_bytes": 800,
+             "metrics": {"requests": 8.0, "open_connections_peak": 3.0}},
+            {"index": 1, "kind": "litellm", "port": 8001, "send_q_peak_bytes": 7, "samples": 9},
+        ]  # fmt: skip
+    else:
+        frame = frame[frame["hop"] == 0].drop(columns=["hop", "metrics_ok", "requests"])
+        summary["proxy"].update(name="nginx", kind="nginx")
+    frame.to_parquet(run / "proxy.parquet", index=False)
+    (run / "summary.json").write_text(json.dumps(summary))
+    return run
 
 
 def spans_of(lanes, lane: int, row: str) -> list[tuple[str, float, float]]:
@@ -257,6 +287,28 @@ def test_join_without_any_match_says_so(tmp_path):
     assert lanes.note == "no engine row: no request matched a row of engine_requests.parquet"
 
 
+def test_each_proxy_hop_is_drawn_over_time_under_the_lanes(tmp_path):
+    run = add_proxy(make_run(tmp_path / "run"))
+    hops = hop_samples(load_run(run))
+    assert list(hops) == ["hop 0 traefik", "hop 1 litellm"]
+    assert hops["hop 0 traefik"]["s"].iloc[0] == 0.0  # the report's time axis
+    html = render_report(run)
+    swim, under = html.index('id="swimlane"'), html.index('id="hops-timeline"')
+    assert swim < under < html.index("<h2>Verdicts</h2>")
+    for trace in ('"name":"hop 0 traefik"', '"name":"hop 1 litellm"', "Recv-Q from upstream"):
+        assert trace in html, trace
+    assert "requests 8, open_connections_peak 3" in html  # the hop table's own metrics
+    assert "cannot be told per request" in html
+    assert '<td class="k">hops</td>' not in html  # not dumped again in the generic proxy table
+
+
+def test_proxy_samples_without_hops_are_the_single_proxys(tmp_path):
+    run = add_proxy(make_run(tmp_path / "run"), hops=False)
+    assert list(hop_samples(load_run(run))) == ["hop 0 nginx"]
+    html = render_report(run)
+    assert '"name":"hop 0 nginx"' in html and "Send-Q toward the clients" in html
+
+
 def test_no_requests_no_swimlane(tmp_path):
     run = make_run(tmp_path / "run", records=False)
     requests_frame().iloc[0:0].to_parquet(run / "requests.parquet", index=False)
@@ -268,15 +320,19 @@ def test_no_requests_no_swimlane(tmp_path):
 def test_swimlane_draws_in_chromium(tmp_path):
     from tests._chromium import open_page
 
-    run = make_run(tmp_path / "run")
+    run = add_proxy(make_run(tmp_path / "run"))
     (run / "report.html").write_text(render_report(run))
     check = """(() => {
+      const hops = document.getElementById('hops-timeline');
+      const hopLines = [...hops.querySelectorAll('g.scatterlayer path.js-line')]
+        .filter(p => (p.getAttribute('d') || '').length > 10).length;
       const div = document.getElementById('swimlane');
       const bars = [...div.querySelectorAll('g.barlayer path')]
         .filter(p => (p.getAttribute('d') || '').length > 4).length;
       const points = div.querySelectorAll('g.scatterlayer path.point').length;
       const ticks = [...div.querySelectorAll('g.ytick text')].map(t => t.textContent);
-      return {bars, points, ticks, legend: div.querySelectorAll('g.legend g.traces').length};
+      return {bars, points, ticks, hopLines,
+              legend: div.querySelectorAll('g.legend g.traces').length};
     })()"""  # fmt: skip
     page = open_page((run / "report.html").resolve().as_uri(), check)
     (tmp_path / "swimlane.png").write_bytes(page.screenshot)
@@ -286,3 +342,4 @@ def test_swimlane_draws_in_chromium(tmp_path):
     assert drawn["points"] >= 4, drawn  # three KV freed, one cut
     assert drawn["ticks"][0] == "slow · slow1111", drawn
     assert drawn["legend"] >= 9, drawn
+    assert drawn["hopLines"] == 6, drawn  # two hops in three rows: Send-Q, Recv-Q, RSS

@@ -1,5 +1,6 @@
 """Send-Q observation from /proc/net/tcp, against real sockets."""
 
+import os
 import socket
 import time
 
@@ -21,6 +22,7 @@ def test_parse_proc_net_tcp_decodes_addresses_ports_and_queues():
     assert (conn.remote_addr, conn.remote_port) == ("127.0.0.1", 0xD431)
     assert conn.state == "ESTABLISHED"
     assert conn.send_q_bytes == 0xA000 and conn.recv_q_bytes == 0x10
+    assert (listen.inode, conn.inode) == (1, 2)
 
 
 def test_send_q_of_a_real_stalled_connection():
@@ -46,5 +48,7 @@ def test_send_q_of_a_real_stalled_connection():
     # Unread data sits in the server's Send-Q (and the client's small Recv-Q).
     assert sockets[0].send_q_bytes > 0
     assert sockets[0].send_q_bytes <= sent
+    # the process that holds it names the same inode (how a proxy's own sockets are told)
+    assert os.readlink(f"/proc/self/fd/{conn.fileno()}") == f"socket:[{sockets[0].inode}]"
     for s in (conn, client, server):
         s.close()

@@ -26,7 +26,7 @@ from harness.analysis._engine_join import engine_aborts, join_engine, send_block
 from harness.analysis._killed import killed_run_end
 from harness.analysis._leaves import leave_figures
 from harness.analysis._matrix import matrix_cells
-from harness.analysis._proxy import hop_summaries, proxy_summary
+from harness.analysis._proxy import hop_rows, hop_summaries, probe_rows, proxy_summary
 from harness.analysis._saturation import saturation_summary
 from harness.analysis._stalls import abort_times, attribute_aborts
 from harness.analysis._summary import (
@@ -76,7 +76,9 @@ class RunFacts:
     ``proxy_kind``: the proxy configuration the load went through; ``client_port``: the port
     the clients connected to (the proxy's, if any); ``missing_metrics``: metrics the server
     never reported; ``stalled_flows``: the wire capture's stalled flows (``None`` without a
-    capture); ``load_workers``: what became of each Locust worker (``--workers``).
+    capture); ``load_workers``: what became of each Locust worker (``--workers``); ``hops``:
+    the proxy's hops as the run probed them (``ProxyHop.describe``: ``index``, ``kind``,
+    ``port``, ``metric_figures`` ...; from the clients' side inward).
     """
 
     scenario: Scenario
@@ -90,7 +92,7 @@ class RunFacts:
     stalled_flows: list[dict[str, Any]] | None = None
     load_workers: list[LoadWorker] = field(default_factory=list)
     placement: dict[str, Any] | None = None  # run.json's "placement" (lifecycle._placement)
-    hops: list[dict[str, Any]] = field(default_factory=list)  # a chain's: {"kind", "port"}
+    hops: list[dict[str, Any]] = field(default_factory=list)  # run.json's "proxy_hops"
     engine_probe: dict[str, Any] | None = None  # run.json's "engine_probe"
 
     def as_dict(self) -> dict[str, Any]:
@@ -147,13 +149,14 @@ def read_facts(run_dir: Path) -> RunFacts:
         load_workers=[LoadWorker.model_validate(w) for w in workers],
         placement=info.get("placement"),
         engine_probe=probe,
-        hops=chain_hops(proxy),
+        hops=info.get("proxy_hops") or chain_hops(proxy),
     )
 
 
 def chain_hops(proxy: dict[str, Any]) -> list[dict[str, Any]]:
     """The hops of a chain from its ``run.json`` description (``Proxy.describe``), each
-    ``{"kind", "port"}``, from the clients' side inward; ``[]`` for any other proxy."""
+    ``{"kind", "port"}``, from the clients' side inward; ``[]`` for any other proxy: the hops
+    of a run folder written before ``run.json`` kept ``proxy_hops``."""
     return [
         {"kind": h["kind"], "port": urlsplit(h["url"]).port}
         for h in proxy.get("hops", [])
@@ -282,7 +285,8 @@ def analyze(run_dir: Path, facts: RunFacts | None = None) -> Analysis:
     status, failure = facts.status, facts.failure
     if status == "complete" and (reason := all_requests_failed(requests)):
         status, failure = "failed", reason
-    proxy_rows: list[dict[str, Any]] = read_parquet(run_dir / PROXY).to_dict("records")  # type: ignore[assignment]
+    proxy_rows = probe_rows(read_parquet(run_dir / PROXY))
+    proxy = proxy_summary(facts.proxy_name, facts.proxy_kind, hop_rows(proxy_rows, 0))
     kv_held = combine_verdicts(engine_verdict, verdict.as_dict(), no_engine)
     clock_bound_ms = max(
         (w.clock.bound_ms for w in facts.load_workers if w.clock is not None), default=None
@@ -310,9 +314,7 @@ def analyze(run_dir: Path, facts: RunFacts | None = None) -> Analysis:
             [p for g in groups for p in saturation_files(run_dir, g)],
             placement=facts.placement,
         ),
-        proxy=proxy_summary(facts.proxy_name, facts.proxy_kind, proxy_rows).model_copy(
-            update={"hops": hop_summaries(sockets, facts.hops)}
-        ),
+        proxy=proxy.model_copy(update={"hops": hop_summaries(sockets, facts.hops, proxy_rows)}),
         stalled_flows=facts.stalled_flows,
         load_workers=facts.load_workers,
         clock_bound_ms=clock_bound_ms,

@@ -11,8 +11,9 @@ from harness.collectors._collectors import (
 )
 from harness.collectors._engine_tables import collect_engine_tables
 from harness.collectors._proxy_probe import (
+    ProbedHop,
     ProxyProbe,
-    parse_egress_metrics,
+    SocketTables,
     procs_rss_bytes,
     tree_rss_bytes,
 )
@@ -22,10 +23,11 @@ __all__ = [
     "SOCKET_COLUMNS",
     "MetricsReader",
     "MetricsScraper",
+    "ProbedHop",
     "ProxyProbe",
     "Sampler",
     "collect_engine_tables",
     "SocketSampler",
-    "parse_egress_metrics",
+    "SocketTables",
     "tree_rss_bytes",
 ]

@@ -1,44 +1,50 @@
-"""What a proxy costs and holds while a run goes through it: memory and buffered bytes.
+"""What a proxy costs and holds while a run goes through it: memory and buffered bytes, per hop.
 
-:class:`ProxyProbe` samples, every ``interval_s``:
+:class:`ProxyProbe` samples one hop of the proxy (a single proxy is hop 0; a chain's hops are
+numbered from the clients' side inward; the run starts one probe per hop, each alike) every
+``interval_s``:
 
-- ``rss_bytes``: resident memory of the proxy's process tree (the process the run started and
+- ``rss_bytes``: resident memory of the hop's process tree (the process the run started and
   all its descendants: nginx's master and workers), from ``/proc`` via psutil;
-- ``buffered_bytes``: response bytes the proxy holds in user space: for ``egress`` its
-  ``zerowindow_egress_buffered_bytes`` gauge (all streams); for ``nginx`` the size of the
-  temporary files under ``<run>/nginx/proxy_temp`` (what spilled beyond ``proxy_buffers``; the
-  in-memory buffers themselves are not observable from outside). nginx unlinks such a file as
-  soon as it has opened it (``ngx_open_tempfile()`` in src/os/unix/ngx_files.c, for files that
-  are not kept), so they are found through the open descriptors of the proxy's processes
-  (``/proc/<pid>/fd``), as well as by walking the folder;
-- per connection, in the kernel: ``client_send_q_bytes`` (Send-Q of the proxy's sockets that
-  face the clients: bytes written but not yet acknowledged by a client) and
-  ``upstream_recv_q_bytes`` (Recv-Q of the proxy's sockets that face the target: bytes the
-  target sent that the proxy has not read yet), from the proxy's ``/proc/<pid>/net/tcp``
-  (its own network namespace, which is the server's in a run with shaped links).
+- ``buffered_bytes``: response bytes the hop holds in user space, where observable: a gauge of
+  its own metrics named so (``egress``: ``zerowindow_egress_buffered_bytes``, all streams), or
+  the size of the files in its spill folder (``nginx``: ``<run>/nginx/proxy_temp``, what
+  spilled beyond ``proxy_buffers``; the in-memory buffers themselves are not observable from
+  outside). nginx unlinks such a file as soon as it has opened it (``ngx_open_tempfile()`` in
+  src/os/unix/ngx_files.c, for files that are not kept), so they are found through the open
+  descriptors of the hop's processes (``/proc/<pid>/fd``), as well as by walking the folder;
+- per connection, in the kernel: ``client_send_q_bytes`` (Send-Q of its sockets on its
+  listening port: bytes written toward the hop in front of it, or a client, not yet
+  acknowledged) and ``upstream_recv_q_bytes`` (Recv-Q of its sockets toward its upstream's port,
+  the next hop's or the target's: bytes sent to it that it has not read yet), from the hop's
+  ``/proc/<pid>/net/tcp`` (its network namespace, which is the server's in a run with shaped
+  links). Its sockets are those its process tree holds (:func:`socket_inodes`), so another
+  process's connection to the same port (the run's scrapes of the target or of a gateway's
+  metrics) is not counted; a hop the run did not start has no tree, and then every socket of
+  the namespace on those ports counts. A gateway that serves its metrics on its listening port
+  (LiteLLM) counts the probe's scrape connection among its clients';
+- its own metrics, read by its kind's declaration (``harness.servers.ProxyFigure``), and
+  ``metrics_ok``, whether they answered.
 
-:func:`proxy_summary` turns the samples into a :class:`ProxySummary`. For ``egress`` it adds the
-mean of the per-stream peak buffered bytes (the rise of the
-``zerowindow_egress_stream_peak_buffered_bytes`` histogram's ``_sum`` over its ``_count``), and
-its cuts and upstream aborts.
+``harness.analysis`` summarizes the rows per hop (``summary.json`` ``proxy``, ``proxy.hops``).
 """
 
 from __future__ import annotations
 
+import math
 import os
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import psutil
-from prometheus_client.parser import text_string_to_metric_families
 
 from harness.collectors._collectors import Sampler
-from netem import tcp_sockets
+from netem import TcpSocket, tcp_sockets
 from zwcore import http_client
-
-_EGRESS = "zerowindow_egress"
 
 
 def tree_processes(pid: int) -> list[psutil.Process]:
@@ -67,6 +73,28 @@ def procs_rss_bytes(procs: list[psutil.Process]) -> int:
     return total
 
 
+def fd_links(pids: list[int]) -> Iterator[tuple[str, str]]:
+    """``(/proc/<pid>/fd/<fd>, what it links to)`` for every open descriptor of processes
+    ``pids``; a process or descriptor that is gone is skipped."""
+    for pid in pids:
+        fd_dir = f"/proc/{pid}/fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                yield f"{fd_dir}/{fd}", os.readlink(f"{fd_dir}/{fd}")
+            except OSError:
+                continue
+
+
+def socket_inodes(pids: list[int]) -> set[int]:
+    """The inodes of the sockets processes ``pids`` hold (descriptors linking to
+    ``socket:[<inode>]``)."""
+    return {int(link[8:-1]) for _, link in fd_links(pids) if link.startswith("socket:[")}
+
+
 def dir_bytes(path: Path, pids: list[int] | None = None) -> int:
     """Total size (bytes) of the regular files under ``path`` (0 if it does not exist),
     including those that processes ``pids`` hold open there after unlinking them; each file
@@ -84,102 +112,112 @@ def dir_bytes(path: Path, pids: list[int] | None = None) -> int:
     for root, _, files in os.walk(path):
         for f in files:
             add(os.path.join(root, f))
-    for pid in pids or []:
-        fd_dir = f"/proc/{pid}/fd"
-        try:
-            fds = os.listdir(fd_dir)
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                link = os.readlink(f"{fd_dir}/{fd}")
-            except OSError:
-                continue
-            if link.startswith(prefix):
-                add(f"{fd_dir}/{fd}")
+    for fd_path, link in fd_links(pids or []):
+        if link.startswith(prefix):
+            add(fd_path)
     return sum(sizes.values())
 
 
-def parse_egress_metrics(text: str) -> dict[str, float]:
-    """The egress buffer's figures from its exposition text: ``buffered_bytes``, ``cuts`` and
-    ``upstream_aborts`` (summed over reasons), ``cuts_<reason>`` (``stall_timeout``,
-    ``overflow``), ``stream_peak_sum``/``stream_peak_count`` (the
-    per-stream peak buffered bytes histogram). Raises ``ValueError`` on unparsable text."""
-    out: dict[str, float] = {}
-    names = {
-        f"{_EGRESS}_buffered_bytes": "buffered_bytes",
-        f"{_EGRESS}_cuts_total": "cuts",
-        f"{_EGRESS}_upstream_aborts_total": "upstream_aborts",
-        f"{_EGRESS}_stream_peak_buffered_bytes_sum": "stream_peak_sum",
-        f"{_EGRESS}_stream_peak_buffered_bytes_count": "stream_peak_count",
-    }
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            key = names.get(sample.name)
-            if key is not None:
-                out[key] = out.get(key, 0.0) + float(sample.value)
-            if key == "cuts" and "reason" in sample.labels:
-                name = f"cuts_{sample.labels['reason']}"
-                out[name] = out.get(name, 0.0) + float(sample.value)
-    return out
+class ProbedHop(Protocol):
+    """What :class:`ProxyProbe` needs of one hop (``harness.servers.ProxyHop`` is one): its
+    place (``index``, 0 faces the clients), process, ports, metrics and spill folder, and how its
+    metrics read."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def pid(self) -> int | None: ...
+    @property
+    def listen_port(self) -> int: ...
+    @property
+    def upstream_port(self) -> int: ...
+    @property
+    def metrics_url(self) -> str | None: ...
+    @property
+    def spill_dir(self) -> Path | None: ...
+
+    def read_metrics(self, text: str) -> dict[str, float]:
+        """The hop's figures from its metrics answer; ``ValueError`` for text that is not an
+        exposition."""
+        ...
+
+
+class SocketTables:
+    """The TCP socket tables (``/proc/<pid>/net/tcp`` and ``tcp6``) of the network namespaces the
+    hops run in, read at most once per ``max_age_s`` per namespace and shared by the probes of a
+    run's hops: every read walks the kernel's whole connection hash table (about 5 ms per file
+    on a 2-CPU machine with 262,144 buckets, however few the sockets), what each hop needs of
+    it is its own few sockets. Safe to use from several threads."""
+
+    def __init__(self, *, max_age_s: float) -> None:
+        self.max_age_s = max_age_s
+        self._lock = threading.Lock()
+        self._read: dict[int, tuple[float, list[TcpSocket]]] = {}  # namespace inode -> (t, table)
+
+    def sockets(self, proc: str) -> list[TcpSocket]:
+        """The sockets of the namespace of ``proc`` (``/proc/<pid>`` or ``/proc/self``), read
+        again when the last read is older than ``max_age_s``."""
+        try:
+            namespace = os.stat(f"{proc}/ns/net").st_ino
+        except OSError:  # the process is gone: its table with it
+            return []
+        with self._lock:
+            t, table = self._read.get(namespace, (-math.inf, []))
+            if time.monotonic() - t > self.max_age_s:
+                t, table = time.monotonic(), tcp_sockets(proc=proc)
+                self._read[namespace] = (t, table)
+        return table
 
 
 class ProxyProbe(Sampler):
-    """Samples a running proxy every ``interval_s`` (see the module docstring).
+    """Samples one hop of a running proxy every ``interval_s`` (see the module docstring); the
+    run starts one per hop, so that a hop slow to answer its metrics delays no other's samples,
+    all sharing ``tables`` (default: one of their own).
 
-    ``pid``: the proxy's process (``None``: no process, only sockets are sampled);
-    ``client_port``: the port clients connect to; ``target_port``: the target's port;
-    ``metrics_url``: the egress buffer's metrics; ``temp_dir``: nginx's ``proxy_temp``.
-    ``rows`` holds one dict per sample: ``t`` (monotonic s), ``rss_bytes``, ``buffered_bytes``,
-    ``client_send_q_bytes``, ``upstream_recv_q_bytes`` (per-connection maxima) and the egress
-    counters of :func:`parse_egress_metrics`.
+    ``rows`` holds one dict per sample: ``t`` (monotonic s), ``hop`` (its index), ``rss_bytes``
+    (``None``: its process is gone; absent: it has none), ``client_send_q_bytes`` and
+    ``upstream_recv_q_bytes`` (per-connection maxima), ``buffered_bytes`` (where observable),
+    and for a hop with metrics ``metrics_ok`` (whether they answered within
+    ``max(1 s, 4 * interval_s)``) and its figures (``ProbedHop.read_metrics``).
     """
 
     def __init__(
-        self,
-        *,
-        pid: int | None,
-        client_port: int,
-        target_port: int,
-        metrics_url: str | None = None,
-        temp_dir: Path | None = None,
-        interval_s: float = 0.25,
+        self, hop: ProbedHop, *, interval_s: float = 0.25, tables: SocketTables | None = None
     ) -> None:
-        super().__init__(interval_s, "zw-proxy-probe")
-        self.pid = pid
-        self.client_port = client_port
-        self.target_port = target_port
-        self.metrics_url = metrics_url
-        self.temp_dir = temp_dir
+        super().__init__(interval_s, f"zw-proxy-probe-{hop.index}")
+        self.hop = hop
+        self.tables = tables or SocketTables(max_age_s=interval_s / 2)
         self.rows: list[dict[str, Any]] = []
         self._client = http_client(timeout=max(1.0, interval_s * 4))
 
     def sample(self) -> None:
-        row: dict[str, Any] = {"t": time.monotonic()}
-        procs = tree_processes(self.pid) if self.pid is not None else []
-        if self.pid is not None:
+        hop = self.hop
+        row: dict[str, Any] = {"t": time.monotonic(), "hop": hop.index}
+        procs = tree_processes(hop.pid) if hop.pid is not None else []
+        if hop.pid is not None:
             row["rss_bytes"] = procs_rss_bytes(procs) if procs else None
         send_q, recv_q = 0, 0
-        # The proxy's own namespace; this process's while the proxy has not started or is gone.
-        proc = f"/proc/{self.pid}" if procs else "/proc"
-        for s in tcp_sockets(proc=proc):
-            if s.state == "LISTEN":
+        # The hop's own namespace and sockets; with no process, any socket of this namespace.
+        proc = f"/proc/{hop.pid}" if procs else "/proc/self"
+        own = socket_inodes([p.pid for p in procs]) if procs else None
+        for s in self.tables.sockets(proc):
+            if s.state == "LISTEN" or (own is not None and s.inode not in own):
                 continue
-            if s.local_port == self.client_port:
+            if s.local_port == hop.listen_port:
                 send_q = max(send_q, s.send_q_bytes)
-            elif s.remote_port == self.target_port and s.local_port != self.target_port:
+            elif s.remote_port == hop.upstream_port and s.local_port != hop.upstream_port:
                 recv_q = max(recv_q, s.recv_q_bytes)
         row["client_send_q_bytes"] = send_q
         row["upstream_recv_q_bytes"] = recv_q
-        if self.temp_dir is not None:
-            row["buffered_bytes"] = dir_bytes(self.temp_dir, [p.pid for p in procs])
-        if self.metrics_url is not None:
+        if hop.spill_dir is not None:
+            row["buffered_bytes"] = dir_bytes(hop.spill_dir, [p.pid for p in procs])
+        if hop.metrics_url is not None:
             try:
-                response = self._client.get(self.metrics_url)
+                response = self._client.get(hop.metrics_url)
                 response.raise_for_status()
-                row.update(parse_egress_metrics(response.text))
+                row.update(hop.read_metrics(response.text), metrics_ok=True)
             except (httpx.HTTPError, ValueError):
-                pass
+                row["metrics_ok"] = False
         self.rows.append(row)
 
     def stop(self) -> None:

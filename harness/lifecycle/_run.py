@@ -17,16 +17,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pandas as pd
 
-from harness.analysis import RunFacts, chain_hops
+from harness.analysis import RunFacts
 from harness.collectors import (
     SOCKET_COLUMNS,
     MetricsScraper,
     ProxyProbe,
     SocketSampler,
+    SocketTables,
     collect_engine_tables,
 )
 from harness.lifecycle._distributed import (
@@ -60,7 +60,7 @@ from harness.scenario import (
     PlacementConfig,
     Scenario,
 )
-from harness.servers import Target, make_proxy, make_target
+from harness.servers import Target, make_proxy, make_target, url_port
 from zwcore import NetworkError, TargetError
 
 # Scrapes in a row without an answer after which the target counts as dead.
@@ -98,7 +98,7 @@ class RunLifecycle:
         self.proxy_name = proxy.name if proxy else scenario.proxy.kind
         self.proxy_kind = proxy.proxy.kind if proxy else scenario.proxy.kind
         self.proxy = make_proxy(proxy.proxy if proxy else scenario.proxy)
-        self.probe: ProxyProbe | None = None
+        self.probes: list[ProxyProbe] = []  # one per hop of the proxy
         self.client_url = target.base_url
         self.client_port: int | None = None
         self.network = network
@@ -143,9 +143,9 @@ class RunLifecycle:
             for process in self.proxy.processes():
                 self.network.record_process(process.proc, process.label)
         # Undelivered bytes wait in the sockets that face the clients (the proxy's, if any).
-        url = urlsplit(self.client_url)
-        port = self.client_port = url.port or (443 if url.scheme == "https" else 80)
-        target_port = urlsplit(self.target.base_url).port or port
+        port = self.client_port = url_port(self.client_url)
+        hops = self.proxy.probe_hops(self.run_dir, self.client_url, self.target.base_url)
+        self.info["proxy_hops"] = [hop.describe() for hop in hops]
         c = self.scenario.collectors
         self.scraper = MetricsScraper(
             self.target.base_url,
@@ -154,20 +154,15 @@ class RunLifecycle:
             slots=self.target.serves_slots,
             pid=self.target.pid(),
         )
-        ports = {port, target_port, *self.proxy.observed_ports()}  # a chain's hops too
+        # the clients', the target's and every hop's listening port
+        ports = {port, url_port(self.target.base_url), *(hop.listen_port for hop in hops)}
         self.sockets = SocketSampler(ports, interval_s=c.sockets_interval_s, netns=netns)
         self.scraper.start()
         self.sockets.start()
-        if self.client_url != self.target.base_url:  # a proxy stands in between
-            self.probe = ProxyProbe(
-                pid=self.proxy.pid(),
-                client_port=port,
-                target_port=target_port,
-                metrics_url=self.proxy.metrics_url,
-                temp_dir=self.proxy.spill_dir(self.run_dir),
-                interval_s=c.metrics_interval_s,
-            )
-            self.probe.start()
+        tables = SocketTables(max_age_s=c.metrics_interval_s / 2)  # one read per tick for all
+        self.probes = [ProxyProbe(h, interval_s=c.metrics_interval_s, tables=tables) for h in hops]
+        for probe in self.probes:
+            probe.start()
 
     def _tick(self, phase: str | None = None) -> None:
         """Report to the progress display, if any (called from every wait loop)."""
@@ -291,7 +286,7 @@ class RunLifecycle:
             groups = [g.name for g in self.scenario.groups]
             netns = [self.network.group_netns(g) for g in groups] if self.network else []
             release_vanished(self.run_dir, [None, *netns])
-        for sampler in (self.scraper, self.sockets, self.probe):
+        for sampler in (self.scraper, self.sockets, *self.probes):
             if sampler is not None:
                 sampler.stop()
         self.proxy.stop()
@@ -316,8 +311,9 @@ class RunLifecycle:
         sockets = pd.DataFrame(self.sockets.rows if self.sockets else [], columns=SOCKET_COLUMNS)
         write_parquet(metrics, self.run_dir / SERVER_METRICS)
         write_parquet(sockets, self.run_dir / SOCKETS)
-        if self.probe is not None:
-            write_parquet(pd.DataFrame(self.probe.rows), self.run_dir / PROXY)
+        if self.probes:  # a proxy stood in between: its hops' samples, in time order
+            rows = sorted((r for p in self.probes for r in p.rows), key=lambda r: r["t"])
+            write_parquet(pd.DataFrame(rows), self.run_dir / PROXY)
         self.workers = [w for ld in self.loads for w in worker_reports(ld, self.run_dir)]
         died = [w.message for w in self.workers if w.status != "finished"]
         died += [m for ld, code in zip(self.loads, ended, strict=True) if (m := ld.death(code))]
@@ -349,7 +345,7 @@ class RunLifecycle:
             load_workers=self.workers,
             placement=self.placement.describe(),
             engine_probe=self.info.get("engine_probe"),
-            hops=chain_hops(self.proxy.describe()),
+            hops=list(self.info.get("proxy_hops", [])),
         )
 
 

@@ -11,7 +11,7 @@ from rich.table import Table
 from harness.gates import GateResult
 from harness.outputs._format import fmt_number as _f
 from harness.outputs._matrix import print_matrix
-from harness.runfolder import RunSummary
+from harness.runfolder import HopSummary, RunSummary
 
 
 def print_summary(summary: RunSummary, *, run_dir: str, console: Console | None = None) -> None:
@@ -64,11 +64,7 @@ def print_summary(summary: RunSummary, *, run_dir: str, console: Console | None 
     if costs := summary.verdicts.get("engine_costs"):
         console.print(costs["line"], markup=False)
     if summary.proxy is not None and summary.proxy.hops:
-        hops = "; ".join(
-            f"{h.index} {h.kind} (:{h.port}) {_f(h.send_q_peak_bytes, 0)} B"
-            for h in summary.proxy.hops
-        )
-        console.print(f"chain hops, peak Send-Q toward the hop in front: {hops}", markup=False)
+        console.print(hops_table(summary.proxy.hops))
     for w in summary.load_workers:
         if w.clock is not None:
             console.print(
@@ -83,6 +79,28 @@ def print_summary(summary: RunSummary, *, run_dir: str, console: Console | None 
     if summary.failure:
         console.print(f"[bold red]run {summary.status}: {escape(summary.failure)}[/bold red]")
     console.print(f"results: {escape(run_dir)}")
+
+
+def hops_table(hops: list[HopSummary]) -> Table:
+    """The proxy's hops, one row each (0 faces the clients): peak RSS (MB), peak Send-Q toward
+    the hop in front or the clients (the largest connection, and summed over its connections),
+    peak Recv-Q from its upstream (largest connection), peak buffered bytes and its own
+    metrics' figures."""
+    table = Table(title="proxy hops (0 faces the clients; peaks)", title_justify="left")
+    for col in (
+        "hop", "kind", "port", "RSS MB", "Send-Q 1 conn B", "Send-Q all B", "upstream Recv-Q B",
+        "buffered B", "own metrics",
+    ):  # fmt: skip
+        table.add_column(col, justify="left" if col in ("kind", "own metrics") else "right")
+    for h in hops:
+        rss = None if h.rss_peak_bytes is None else h.rss_peak_bytes / 1e6
+        table.add_row(
+            str(h.index), escape(h.kind), str(h.port), _f(rss, 1),
+            _f(h.client_send_q_peak_bytes, 0), _f(h.send_q_peak_bytes, 0),
+            _f(h.upstream_recv_q_peak_bytes, 0), _f(h.buffered_peak_bytes, 0),
+            escape(", ".join(f"{k} {_f(v, 0)}" for k, v in h.metrics.items()) or "-"),
+        )  # fmt: skip
+    return table
 
 
 def print_gates(gates: list[GateResult], *, exit_code: int, console: Console | None = None) -> None:

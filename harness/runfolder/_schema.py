@@ -50,21 +50,41 @@ class SaturationSummary(BaseModel):
 
 
 class HopSummary(BaseModel):
-    """One hop of a proxy chain (``chain``; 0 faces the clients): its kind, the port it
-    listened on, and the peak of the Send-Q summed over its connections on that port (bytes
-    it had written toward the hop in front of it, or the clients, that were not yet taken) in
-    the run's socket samples; ``None`` when no sample saw the port."""
+    """One proxy on the path from the clients to the target (``index`` 0 faces the clients; a
+    single proxy is hop 0, a chain's hops follow inward): its kind and the port it listened on.
+    Sizes in bytes; ``None`` where not observable or not sampled.
+
+    From the run's socket samples (``sockets.parquet``): ``send_q_peak_bytes``, the peak over
+    sample times of the Send-Q summed over its connections on that port (bytes it had written
+    toward the hop in front of it, or the clients, not yet taken), and ``samples``, the sample
+    times that saw the port.
+
+    From its probe (``proxy.parquet``, ``probe_samples`` rows): ``rss_peak_bytes`` (its process
+    tree), ``buffered_peak_bytes`` (bytes it held in user space: a gauge of its own, or its
+    spill files; ``None`` where not observable), ``client_send_q_peak_bytes`` (the largest
+    Send-Q of one of its connections toward the hop in front, or a client),
+    ``upstream_recv_q_peak_bytes`` (the largest Recv-Q of one connection toward its upstream,
+    the next hop or the target) and ``metrics``, its own metrics as its kind declares them
+    (``ProxyConfigBase.metric_figures``): a counter's rise over the run by the figure's name
+    (``requests``), a gauge's peak as ``<figure>_peak`` (``open_connections_peak``)."""
 
     index: int
     kind: str
     port: int
     send_q_peak_bytes: int | None
     samples: int
+    rss_peak_bytes: int | None = None
+    buffered_peak_bytes: int | None = None
+    client_send_q_peak_bytes: int | None = None
+    upstream_recv_q_peak_bytes: int | None = None
+    probe_samples: int = 0
+    metrics: dict[str, float] = {}
 
 
 class ProxySummary(BaseModel):
-    """Figures of the proxy of one run. Sizes in bytes; ``None`` when not observable for this
-    kind (``none`` has no process; nginx has no per-stream buffer figure). ``cuts`` and
+    """Figures of the proxy of one run (of a chain: its first hop's, the one facing the
+    clients). Sizes in bytes; ``None`` when not observable for this kind (``none`` has no
+    process; nginx has no per-stream buffer figure). ``cuts`` and
     ``upstream_aborts`` are the egress buffer's counters' rises over the run, ``cut_reasons``
     the cuts by reason (``stall_timeout``: a client acknowledged nothing for
     ``stall_timeout_s`` while it owed bytes; ``overflow``: the stream's buffer filled up)."""
@@ -81,7 +101,8 @@ class ProxySummary(BaseModel):
     samples: int
     cut_reasons: dict[str, float] = {}
     hops: list[HopSummary] = []
-    """A chain's hops, from the clients' side inward (empty for a single proxy)."""
+    """Every hop, from the clients' side inward: a chain's, or the single proxy as hop 0 (empty
+    for ``none``, and in summaries of single proxies written before hops were probed)."""
 
 
 class WorkerClock(BaseModel):

@@ -10,7 +10,8 @@ decoupled egress buffer), ``command`` (any proxy or gateway from a command line)
 options (a config model registered with :data:`TARGETS` or :data:`PROXIES`), its server class
 and nothing else: a target kind declares its metric names (:class:`MetricNames`), whether it
 writes the engine tables, its versions and its idle test; a proxy kind, how the proxy
-benchmark configures it. ``docs/extending.md`` says how to add one.
+benchmark configures it and the figures its own metrics serve (:class:`ProxyFigure`).
+``docs/extending.md`` says how to add one.
 """
 
 from importlib import import_module
@@ -38,6 +39,7 @@ from harness.servers._base import (
     Proxy,
     ProxyConfig,
     ProxyConfigBase,
+    ProxyHop,
     Server,
     StrictOptions,
     Target,
@@ -47,6 +49,7 @@ from harness.servers._base import (
     make_proxy,
     make_target,
     metric_presets,
+    url_port,
 )
 
 if TYPE_CHECKING:  # loaded on first use: they import torch, gguf, the build tools
@@ -69,6 +72,7 @@ from harness.servers._metric_names import (
 from harness.servers._nginx import NGINX_PRESETS, NginxProxyConfig, render_nginx_conf
 from harness.servers._none import NoProxyConfig
 from harness.servers._process import ServerProcess, start_process, stop_process_group
+from harness.servers._proxy_metrics import ProxyFigure, read_proxy_figures
 from harness.servers._readiness import READINESS, Readiness
 from harness.servers._sim import SimTargetConfig
 from harness.servers._url import UrlTargetConfig
@@ -85,6 +89,7 @@ __all__ = [
     "metric_presets",
     "package_version",
     "read_figures",
+    "read_proxy_figures",
     "make_tiny_model",
     "write_gguf",
     "GGUF_NAME",
@@ -105,6 +110,8 @@ __all__ = [
     "Proxy",
     "ProxyConfig",
     "ProxyConfigBase",
+    "ProxyFigure",
+    "ProxyHop",
     "Readiness",
     "Server",
     "ServerProcess",
@@ -119,6 +126,7 @@ __all__ = [
     "make_proxy",
     "make_target",
     "render_nginx_conf",
+    "url_port",
     "wait_healthy",
 ]
 

@@ -9,8 +9,10 @@ The scenario's ``target`` and ``proxy`` fields validate against these registries
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar
+from urllib.parse import urlsplit
 
 import httpx
 from pydantic import BaseModel, ConfigDict
@@ -24,6 +26,7 @@ from harness.servers._metric_names import (
     read_figures,
 )
 from harness.servers._process import ServerProcess
+from harness.servers._proxy_metrics import ProxyFigure, read_proxy_figures
 from zwcore import Registry
 
 
@@ -141,11 +144,58 @@ class Target(Server):
         }
 
 
+def url_port(url: str) -> int:
+    """The port of ``url`` (80 or 443 by its scheme when it names none)."""
+    parts = urlsplit(url)
+    return parts.port or (443 if parts.scheme == "https" else 80)
+
+
+@dataclass(frozen=True)
+class ProxyHop:
+    """One proxy on the path from the clients to the target, as the run probes it
+    (``harness.collectors.ProxyProbe``): ``index`` (0 faces the clients; a single proxy is hop
+    0), ``kind``, ``pid`` (its main process; ``None``: it has none), ``listen_port`` (where the
+    hop in front of it, or the clients, connect), ``upstream_port`` (the next hop's port, the
+    target's for the last), ``metrics_url`` (its own Prometheus metrics, ``None``: it serves
+    none), ``spill_dir`` (where it spills buffered response bytes to files, ``None``: it does
+    not) and ``figures`` (what its metrics are read by)."""
+
+    index: int
+    kind: str
+    pid: int | None
+    listen_port: int
+    upstream_port: int
+    metrics_url: str | None = None
+    spill_dir: Path | None = None
+    figures: tuple[ProxyFigure, ...] = ()
+
+    def read_metrics(self, text: str) -> dict[str, float]:
+        """The hop's figures from a ``metrics_url`` answer
+        (:func:`~harness.servers._proxy_metrics.read_proxy_figures`). Raises ``ValueError`` for
+        text that is not a Prometheus exposition."""
+        return read_proxy_figures(text, self.figures)
+
+    def describe(self) -> dict[str, Any]:
+        """The hop for ``run.json``'s ``proxy_hops``: ``index``, ``kind``, ``port`` (its listening
+        port), ``upstream_port``, ``pid``, ``metrics_url``, ``spill_dir`` and
+        ``metric_figures`` (each :meth:`ProxyFigure.describe`), which the analysis reads."""
+        return {
+            "index": self.index, "kind": self.kind, "port": self.listen_port,
+            "upstream_port": self.upstream_port, "pid": self.pid, "metrics_url": self.metrics_url,
+            "spill_dir": None if self.spill_dir is None else str(self.spill_dir),
+            "metric_figures": [f.describe() for f in self.figures],
+        }  # fmt: skip
+
+
 class Proxy(Server):
     """What stands between the clients and the target. ``metrics_url``: its own Prometheus
-    metrics, if it serves any."""
+    metrics, if it serves any, read by :attr:`metric_figures`."""
 
     metrics_url: str | None = None
+    metric_figures: ClassVar[tuple[ProxyFigure, ...]] = ()
+    """The figures this kind serves at its ``metrics_url`` and the Prometheus names it serves
+    them under (``()``: none); each hop's are read by them and summarized per hop
+    (``summary.json`` ``proxy.hops[].metrics``)."""
 
     def start(self, run_dir: Path, upstream_url: str) -> str:
         """Start in front of ``upstream_url``; return the URL clients use. Raises
@@ -156,10 +206,18 @@ class Proxy(Server):
         """Where the proxy spills buffered response bytes to files (``None``: it does not)."""
         return None
 
-    def observed_ports(self) -> list[int]:
-        """Listening ports of its own, beside the one clients use, whose sockets the run
-        samples too (a chain's hops); default none."""
-        return []
+    def probe_hops(self, run_dir: Path, client_url: str, upstream_url: str) -> list[ProxyHop]:
+        """What the run probes of this proxy once started in ``run_dir`` (``client_url``: the
+        URL :meth:`start` returned; ``upstream_url``: the one it was given): one
+        :class:`ProxyHop` per proxy process on the path, the clients' side first. Default:
+        this proxy, hop 0."""
+        return [
+            ProxyHop(
+                index=0, kind=self.kind, pid=self.pid(), listen_port=url_port(client_url),
+                upstream_port=url_port(upstream_url), metrics_url=self.metrics_url,
+                spill_dir=self.spill_dir(run_dir), figures=self.metric_figures,
+            )
+        ]  # fmt: skip
 
 
 class TargetConfigBase(StrictOptions):

@@ -3,20 +3,29 @@ then the engine), each with its own buffering, timeouts and way of passing an ab
 
 ``hops`` lists them from the clients' side inward: the first faces the clients, the last
 forwards to the target. They start inside out (each is given the URL of the hop behind it) and
-stop outside in; each keeps its files in ``<run>/hops/<i>-<kind>/``. The run samples the
-sockets of every hop's listening port (``sockets.parquet``: each hop's Send-Q toward the hop
-in front of it), and probes the first hop as it probes a single proxy.
+stop outside in; each keeps its files in ``<run>/hops/<i>-<kind>/``. The run probes every hop
+as it probes a single proxy (:meth:`ChainProxy.probe_hops`: its process tree's memory, its
+Send-Q toward the hop in front of it, its Recv-Q from the hop behind it, its spilled bytes and
+its own metrics, in ``proxy.parquet`` by ``hop``), and samples the sockets of every hop's
+listening port (``sockets.parquet``).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 
-from harness.servers._base import PROXIES, Proxy, ProxyConfig, ProxyConfigBase, make_proxy
+from harness.servers._base import (
+    PROXIES,
+    Proxy,
+    ProxyConfig,
+    ProxyConfigBase,
+    ProxyHop,
+    make_proxy,
+)
 from harness.servers._process import ServerProcess
 from zwcore import TargetError
 
@@ -44,8 +53,8 @@ class ChainProxyConfig(ProxyConfigBase):
 
 
 class ChainProxy(Proxy):
-    """The hops of a ``chain``; what the run asks of a proxy goes to the first hop (its pid,
-    metrics, spill folder), what it asks of processes to all of them."""
+    """The hops of a ``chain``: what the run asks of processes goes to all of them, what it
+    probes is asked of each (:meth:`probe_hops`). It has no metrics of its own."""
 
     kind = "chain"
 
@@ -53,7 +62,11 @@ class ChainProxy(Proxy):
         self.config = config
         self.hops = [make_proxy(h) for h in config.hops]
         self.urls: list[str | None] = [None] * len(self.hops)
-        self.metrics_url = self.hops[0].metrics_url
+
+    @staticmethod
+    def hop_folder(run_dir: Path, index: int, hop: Proxy) -> Path:
+        """Where hop ``index`` keeps its files: ``<run_dir>/hops/<index>-<kind>/``."""
+        return run_dir / "hops" / f"{index}-{hop.kind}"
 
     def start(self, run_dir: Path, upstream_url: str) -> str:
         """Start the hops inside out; return the first hop's URL. Raises
@@ -62,14 +75,13 @@ class ChainProxy(Proxy):
         url = upstream_url
         for i in reversed(range(len(self.hops))):
             hop = self.hops[i]
-            folder = run_dir / "hops" / f"{i}-{hop.kind}"
+            folder = self.hop_folder(run_dir, i, hop)
             folder.mkdir(parents=True, exist_ok=True)
             try:
                 url = self.urls[i] = hop.start(folder, url)
             except TargetError as exc:
                 self.stop()
                 raise TargetError(f"chain hop {i} ({hop.kind}): {exc}") from None
-        self.metrics_url = self.hops[0].metrics_url
         return url
 
     def processes(self) -> list[ServerProcess]:
@@ -85,15 +97,17 @@ class ChainProxy(Proxy):
         for hop in self.hops:
             hop.stop()
 
-    def pid(self) -> int | None:
-        return self.hops[0].pid()
-
-    def spill_dir(self, run_dir: Path) -> Path | None:
-        return self.hops[0].spill_dir(run_dir / "hops" / f"0-{self.hops[0].kind}")
-
-    def observed_ports(self) -> list[int]:
-        """Every hop's listening port."""
-        return [port for url in self.urls if url and (port := urlsplit(url).port)]
+    def probe_hops(self, run_dir: Path, client_url: str, upstream_url: str) -> list[ProxyHop]:
+        """Every started hop, each probed as a single proxy (its own pid, metrics and spill
+        folder under ``hops/<i>-<kind>/``), listening at its own URL, its upstream the next
+        hop's (the last hop's: ``upstream_url``); ``index`` is its place in the chain."""
+        upstreams = [*self.urls[1:], upstream_url]
+        out = []
+        for i, (hop, url, up) in enumerate(zip(self.hops, self.urls, upstreams, strict=True)):
+            if url is not None and up is not None:
+                for probed in hop.probe_hops(self.hop_folder(run_dir, i, hop), url, up):
+                    out.append(replace(probed, index=i))
+        return out
 
     def describe(self) -> dict[str, Any]:
         hops = [

@@ -13,8 +13,23 @@ from harness._model_options import model_argv
 from harness.servers._base import PROXIES, Proxy, ProxyConfigBase
 from harness.servers._health import TargetError, free_port
 from harness.servers._process import ServerProcess
+from harness.servers._proxy_metrics import ProxyFigure
 
 CLIENTS_LOG = "egress-clients.jsonl"
+_E = "zerowindow_egress"
+EGRESS_FIGURES = (
+    ProxyFigure("buffered_bytes", f"{_E}_buffered_bytes", "gauge"),
+    ProxyFigure("active_streams", f"{_E}_active_streams", "gauge"),
+    ProxyFigure("requests", f"{_E}_requests_total", "counter"),
+    ProxyFigure("cuts", f"{_E}_cuts_total", "counter", by_label="reason"),
+    ProxyFigure("upstream_aborts", f"{_E}_upstream_aborts_total", "counter"),
+    ProxyFigure("stream_peak_sum", f"{_E}_stream_peak_buffered_bytes_sum", "counter"),
+    ProxyFigure("stream_peak_count", f"{_E}_stream_peak_buffered_bytes_count", "counter"),
+)
+"""The egress buffer's own figures (``harness/_egress/_metrics.py``): bytes held for clients
+(all streams; the probe's ``buffered_bytes``), streams in progress, requests forwarded, cuts
+(and ``cuts_<reason>``: ``stall_timeout``, ``overflow``), upstream aborts (all reasons), and the
+per-stream peak buffered bytes histogram's ``_sum`` and ``_count``."""
 
 
 @PROXIES.register
@@ -57,6 +72,7 @@ class EgressProxy(Proxy):
     Prometheus metrics are served at :attr:`metrics_url` (a second port on the same host)."""
 
     kind: ClassVar[str] = "egress"
+    metric_figures: ClassVar[tuple[ProxyFigure, ...]] = EGRESS_FIGURES
 
     def __init__(self, config: EgressProxyConfig) -> None:
         self.config = config

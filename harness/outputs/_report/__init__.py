@@ -38,6 +38,7 @@ from harness.outputs._report._plots import (
     cdf_figure,
     class_cdfs,
     fragment,
+    hops_timeline,
     plotly_js,
     swimlane_figure,
     timeline,
@@ -157,6 +158,10 @@ def _context(data: RunData) -> dict[str, Any]:
     ttft, itl = class_cdfs(data)
     lanes = swimlane(data)
     phases = [e for e in events(data) if e.kind == "phase"]
+    hops_fig = hops_timeline(data, [e.s for e in phases])
+    proxy = dict(s.get("proxy") or {})
+    hops = [h for h in proxy.pop("hops", None) or [] if isinstance(h, dict)]
+    other = {k: (proxy if k == "proxy" else v) for k, v in s.items() if k not in _KNOWN}
     scenario = info.get("scenario") or {}
     return {
         "title": f"zerowindow report: {data.label}",
@@ -178,6 +183,8 @@ def _context(data: RunData) -> dict[str, Any]:
         if lanes.labels
         else None,
         "lanes": lanes,
+        "hops": hops,
+        "hops_timeline": Markup(fragment(hops_fig, "hops-timeline")) if hops_fig else None,
         "n_slowest": len(slowest_connections(load_sockets(data))),
         "timeline": Markup(fragment(timeline(data), "timeline")) if measured else None,
         "ttft_cdf": Markup(fragment(ttft, "ttft-cdf")) if answered else None,
@@ -186,7 +193,7 @@ def _context(data: RunData) -> dict[str, Any]:
         "outcomes": outcomes,
         "group_fields": group_fields,
         "server": server,
-        "other": [(k, flatten(v)) for k, v in s.items() if k not in _KNOWN],
+        "other": [(k, flatten(v)) for k, v in other.items()],
         "versions": list((info.get("versions") or {}).items()),
         "host": list((info.get("host") or {}).items()),
         "commands": commands,

@@ -27,7 +27,7 @@ from harness.runfolder import (
 from loadgen import RequestRecord
 from zwcore import RunFolderError
 
-TABLES = ("requests", "chunks", "server_metrics", "sockets")
+TABLES = ("requests", "chunks", "server_metrics", "sockets", "proxy")
 
 
 class ReportError(RunFolderError):
@@ -56,6 +56,7 @@ class RunData:
     engine_requests: pd.DataFrame = field(default_factory=pd.DataFrame)
     engine_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
     engine_error: str | None = None
+    proxy: pd.DataFrame = field(default_factory=pd.DataFrame)  # proxy.parquet: hops' samples
 
     @property
     def label(self) -> str:
@@ -94,6 +95,7 @@ def load_run(run_dir: Path, *, with_records: bool = True) -> RunData:
         sockets=frames["sockets"],
         records=_read_records(run_dir) if with_records else [],
         gates=gates,
+        proxy=frames["proxy"],
     )
     if with_records:  # the comparison needs neither
         try:
@@ -211,6 +213,26 @@ def load_sockets(data: RunData) -> pd.DataFrame:
     so["s"] = so["t"] - data.t0
     so["conn"] = so["client_port"].map(group_of) + ":" + so["client_port"].astype(int).astype(str)
     return so.sort_values("t")
+
+
+def hop_samples(data: RunData) -> dict[str, pd.DataFrame]:
+    """The proxy probe's samples (``proxy.parquet``) per hop, sorted by time with ``s`` (seconds
+    since ``t0``) added, by the label ``hop <index> <kind>`` (the kinds from ``summary.json``
+    ``proxy.hops``, else the proxy's own kind: a run folder written before every hop was probed,
+    whose samples have no ``hop`` column and are hop 0's); empty without a proxy."""
+    frame = data.proxy
+    if frame.empty or "t" not in frame:
+        return {}
+    proxy = data.summary.get("proxy") or {}
+    kinds = {int(h["index"]): str(h["kind"]) for h in proxy.get("hops") or []}
+    hop = frame["hop"] if "hop" in frame else pd.Series(0, index=frame.index)
+    out = {}
+    for index in sorted({int(i) for i in hop}):
+        rows = frame[hop == index].sort_values("t").copy()
+        rows["s"] = rows["t"] - data.t0
+        kind = kinds.get(index, str(proxy.get("kind", "proxy")) if index == 0 else "?")
+        out[f"hop {index} {kind}"] = rows
+    return out
 
 
 def slowest_connections(sockets: pd.DataFrame, n: int = 5) -> list[str]:

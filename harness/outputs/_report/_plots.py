@@ -20,6 +20,7 @@ from harness.outputs._report._data import (
     cdf,
     engine_steps,
     events,
+    hop_samples,
     itl_ms,
     load_sockets,
     ok_metrics,
@@ -111,6 +112,49 @@ def timeline(data: RunData) -> go.Figure:
     fig.update_xaxes(showspikes=True, spikemode="across", spikethickness=1)
     fig.update_layout(
         height=170 * len(rows) + 60, margin={"l": 60, "r": 190, "t": 40, "b": 50},
+        hovermode="x", template="plotly_white",
+    )  # fmt: skip
+    return fig
+
+
+HOP_ROWS = (  # proxy.parquet column, row title
+    ("client_send_q_bytes", "Send-Q toward the clients or the hop in front (bytes, largest conn.)"),
+    ("upstream_recv_q_bytes", "Recv-Q from upstream (bytes, largest connection)"),
+    ("buffered_bytes", "buffered in user space (bytes)"),
+    ("rss_bytes", "RSS of the process tree (bytes)"),
+)
+HOP_COLOURS = ("#0072b2", "#d55e00", "#009e73", "#cc79a7", "#e69f00", "#56b4e9")
+
+
+def hops_timeline(data: RunData, phases: Sequence[float] = ()) -> go.Figure | None:
+    """What is observable of each proxy hop over time (s since the first measurement), one
+    trace per hop labelled ``hop <i> <kind>`` (``proxy.parquet``): its largest Send-Q toward the
+    hop in front of it or the clients, its largest Recv-Q from its upstream, its buffered bytes
+    (a row only when some hop's are observable) and its RSS, with dotted lines at ``phases``
+    (s). ``None`` without proxy samples."""
+    hops = hop_samples(data)
+    if not hops:
+        return None
+    rows = [(col, title) for col, title in HOP_ROWS
+            if any(col in f and f[col].notna().any() for f in hops.values())]  # fmt: skip
+    if not rows:
+        return None
+    fig = make_subplots(
+        rows=len(rows), cols=1, shared_xaxes=True, vertical_spacing=0.06,
+        subplot_titles=[title for _, title in rows],
+    )  # fmt: skip
+    for r, (col, _) in enumerate(rows, start=1):
+        for i, (label, frame) in enumerate(hops.items()):
+            if col in frame and frame[col].notna().any():
+                colour = HOP_COLOURS[i % len(HOP_COLOURS)]  # one hop, one colour in every row
+                trace = _line(frame["s"], frame[col], label).update(line_color=colour)
+                fig.add_trace(trace, r, 1)
+    _rules(fig, xs=phases)
+    _legend_per_row(fig, len(rows))
+    fig.update_xaxes(title_text="seconds since the first measurement", row=len(rows), col=1)
+    fig.update_xaxes(showspikes=True, spikemode="across", spikethickness=1)
+    fig.update_layout(
+        height=150 * len(rows) + 60, margin={"l": 60, "r": 190, "t": 40, "b": 50},
         hovermode="x", template="plotly_white",
     )  # fmt: skip
     return fig

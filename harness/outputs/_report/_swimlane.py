@@ -13,6 +13,14 @@ freed" mark. Client row, from ``requests.parquet`` and the raw records: waiting 
 token (send to first token, else to first byte), receiving (from then to the last byte, minus
 stalls), stalled (the records' ``stalls``; ``t_stall`` plus ``stall_s`` without records) and a
 mark where the client saw a cut (``t_cut_seen``, ``cut_kind``).
+
+No proxy row: what a proxy hop holds (its Send-Q toward the clients or the hop in front, its
+Recv-Q from its upstream, its buffered bytes) is not observable per request for the gateways a
+chain is made of: they multiplex many requests over their connections to the next hop (Traefik's
+and LiteLLM's pooled keep-alive connections), and their metrics count per hop, not per stream.
+So the report shows each hop over time instead, under the lanes on the same time axis
+(``_plots.hops_timeline``, one trace per hop ``hop <i> <kind>``, from ``proxy.parquet``), and
+its peaks in a table (``summary.json`` ``proxy.hops``).
 """
 
 from __future__ import annotations
