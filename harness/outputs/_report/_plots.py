@@ -106,12 +106,23 @@ def timeline(data: RunData) -> go.Figure:
         fig.add_trace(_line(c["s"], c["send_q_bytes"], f"Send-Q {conn}"), 6, 1)
         if rwnd:
             fig.add_trace(_line(c["s"], c[rwnd], f"{rwnd} {conn}"), 7, 1)
-    _rules(fig, xs=[ev.s for ev in events(data) if ev.kind == "phase"])
-    _legend_per_row(fig, len(rows))
-    fig.update_xaxes(title_text="seconds since the first measurement", row=len(rows), col=1)
+    return _timeline_layout(
+        fig, len(rows), 170, [ev.s for ev in events(data) if ev.kind == "phase"]
+    )
+
+
+def _timeline_layout(
+    fig: go.Figure, n_rows: int, row_px: int, phases: Sequence[float]
+) -> go.Figure:
+    """``fig``, rows stacked on one time axis, finished as a timeline: dotted lines at
+    ``phases`` (s), a legend beside each row, the axis title, spikes across the rows, and
+    ``row_px`` pixels a row."""
+    _rules(fig, xs=phases)
+    _legend_per_row(fig, n_rows)
+    fig.update_xaxes(title_text="seconds since the first measurement", row=n_rows, col=1)
     fig.update_xaxes(showspikes=True, spikemode="across", spikethickness=1)
     fig.update_layout(
-        height=170 * len(rows) + 60, margin={"l": 60, "r": 190, "t": 40, "b": 50},
+        height=row_px * n_rows + 60, margin={"l": 60, "r": 190, "t": 40, "b": 50},
         hovermode="x", template="plotly_white",
     )  # fmt: skip
     return fig
@@ -149,15 +160,7 @@ def hops_timeline(data: RunData, phases: Sequence[float] = ()) -> go.Figure | No
                 colour = HOP_COLOURS[i % len(HOP_COLOURS)]  # one hop, one colour in every row
                 trace = _line(frame["s"], frame[col], label).update(line_color=colour)
                 fig.add_trace(trace, r, 1)
-    _rules(fig, xs=phases)
-    _legend_per_row(fig, len(rows))
-    fig.update_xaxes(title_text="seconds since the first measurement", row=len(rows), col=1)
-    fig.update_xaxes(showspikes=True, spikemode="across", spikethickness=1)
-    fig.update_layout(
-        height=150 * len(rows) + 60, margin={"l": 60, "r": 190, "t": 40, "b": 50},
-        hovermode="x", template="plotly_white",
-    )  # fmt: skip
-    return fig
+    return _timeline_layout(fig, len(rows), 150, phases)
 
 
 def _legend_per_row(fig: go.Figure, n_rows: int) -> None:
