@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from harness import ScenarioError, parse_scenario, run
+from harness.runfolder import figures
 from harness.servers import PROXIES, TARGETS, known_metric_names, make_target, metric_presets
 from harness.servers._metric_names import SGLANG_METRICS, read_figures
 from loadgen._openai import parse_payload, request_body
@@ -27,6 +28,9 @@ SCENARIO = """
 name = "any-stack"
 max_duration_s = 60
 cooldown_s = 0.5
+# each hop's figures are gated on as any: LiteLLM's failures are the two whole-answer leavers
+gates = ["proxy.hop1.failed_requests == 2", "proxy.hop0.requests == 8",
+         "proxy.hop2.rss_peak_bytes >= 1"]
 
 [collectors]
 metrics_interval_s = 0.1
@@ -237,6 +241,12 @@ def test_every_hop_of_the_chain_is_probed_as_a_single_proxy_is(any_stack):
     # in flight on its worker: the requests it serves and the probe's own scrape
     assert 2 <= litellm["in_flight_requests_peak"] <= len(requests) + 1, litellm
     assert command == {}  # a command proxy declares no metrics
+    # ... and they are figures like any: gated on (the scenario's gates) and compared
+    gates = json.loads((run_dir / "gates.json").read_text())
+    assert len(gates["gates"]) == 3 and all(g["passed"] for g in gates["gates"]), gates
+    figs = figures(any_stack.summary)
+    assert figs["proxy.hop1.failed_requests"] == leavers and figs.get("proxy.hop2.requests") is None
+    assert figs["proxy.hop0.rss_peak_bytes"] == proxy["rss_peak_bytes"]
     # the report draws each hop over time, under the lanes
     report = (run_dir / "report.html").read_text()
     assert all(f"hop {i} {kind}" in report for i, kind in enumerate(kinds))

@@ -280,3 +280,21 @@ def test_baseline_save_refuses_an_incomplete_run_unless_asked(tmp_path):
     baseline = load_baseline(path)
     assert baseline.scenario == "s" and baseline.figures["fast.ttft_p99_ms"] == 30.0
     assert baseline.provenance["status"] == "failed"
+
+
+def test_a_chains_hops_have_figures_of_their_own() -> None:
+    chain = '[proxy]\nkind = "chain"\nhops = [{kind = "traefik"}, {kind = "litellm"}]\n'
+    gate = "proxy.hop1.failed_requests == 0"
+    scenario = parse_scenario(SCENARIO.format(gate=gate) + chain, path=Path("s.toml"))
+    assert [g.figure for g in scenario.gates][-1] == "proxy.hop1.failed_requests"
+    # a hop the chain does not have, a figure its kind does not serve: refused by name
+    for bad, hint in [
+        ("proxy.hop2.rss_peak_bytes <= 1", "did you mean 'proxy.hop1.rss_peak_bytes'?"),
+        ("proxy.hop0.failed_requests == 0", "did you mean 'proxy.hop1.failed_requests'?"),
+    ]:
+        with pytest.raises(ScenarioError) as exc:
+            parse_scenario(SCENARIO.format(gate=bad) + chain, path=Path("s.toml"))
+        assert hint in str(exc.value), str(exc.value)
+    # without a proxy there is no hop: the hop figures are unknown
+    with pytest.raises(ScenarioError, match="unknown figure 'proxy.hop0.rss_peak_bytes'"):
+        parse_scenario(SCENARIO.format(gate="proxy.hop0.rss_peak_bytes <= 1"), path=Path("s"))

@@ -8,7 +8,11 @@ Names (units in the name, as in ``summary.json``):
 - ``server.<field>`` for every numeric field of :class:`~harness.runfolder.ServerSummary`
   (``server.preemptions``, ``server.kv_cache_usage_peak_perc`` ...);
 - ``proxy.<field>`` for every numeric field of :class:`~harness.runfolder.ProxySummary`
-  (``proxy.rss_peak_bytes`` ...) when the run had a proxy summary;
+  (``proxy.rss_peak_bytes`` ...) when the run had a proxy summary (of a chain: its first hop);
+- ``proxy.hop<i>.<field>`` for each hop of the proxy (``proxy.hops``; 0 faces the clients, a
+  single proxy is hop 0): its sizes (:data:`HOP_FIELDS`: ``proxy.hop1.rss_peak_bytes``) and its
+  own metrics by the names ``summary.json`` gives them (``proxy.hop0.requests``,
+  ``proxy.hop1.open_connections_peak``); ``None`` for a hop the run did not have;
 - run-level figures: ``duration_s``, ``client_saturated`` (1 or 0), and the KV-held verdict's
   ``kv_held_after_finish_s``, ``kv_held_peak_perc``, ``kv_seconds``,
   ``undelivered_peak_bytes``, ``engine_held`` (1 when the verdict says HELD, else 0),
@@ -38,7 +42,13 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from harness.runfolder._schema import GroupSummary, ProxySummary, RunSummary, ServerSummary
+from harness.runfolder._schema import (
+    GroupSummary,
+    HopSummary,
+    ProxySummary,
+    RunSummary,
+    ServerSummary,
+)
 from loadgen import OUTCOMES
 
 # Run-level figure name -> key in the kv_held_by_undelivered_streams verdict.
@@ -84,8 +94,19 @@ def numeric_fields(model: type[BaseModel]) -> list[str]:
     return [n for n, f in model.model_fields.items() if _is_number_type(f.annotation)]
 
 
+HOP_FIELDS = tuple(f for f in numeric_fields(HopSummary) if f.endswith("_bytes"))
+"""A proxy hop's sizes that are figures (``proxy.hop<i>.<field>``)."""
+
+
+def hop_figure_names(index: int, metrics: Iterable[str] = ()) -> list[str]:
+    """The figure names of proxy hop ``index`` (``proxy.hop<index>.<name>``): its
+    :data:`HOP_FIELDS` and ``metrics`` (the names its own metrics take), sorted."""
+    return sorted(f"proxy.hop{index}.{name}" for name in (*HOP_FIELDS, *metrics))
+
+
 def figure_names(groups: Iterable[str]) -> list[str]:
-    """Every valid figure name for a scenario with these user group names, sorted."""
+    """Every valid figure name for a scenario with these user group names, sorted (without
+    the proxy hops': :func:`hop_figure_names`)."""
     names = list(RUN_FIGURES)
     names += [f"server.{f}" for f in numeric_fields(ServerSummary)]
     names += [f"proxy.{f}" for f in numeric_fields(ProxySummary)]
@@ -151,6 +172,10 @@ def figures(summary: RunSummary) -> dict[str, float | None]:
         out[f"server.{f}"] = _float(getattr(summary.server, f))
     for f in numeric_fields(ProxySummary):
         out[f"proxy.{f}"] = None if summary.proxy is None else _float(getattr(summary.proxy, f))
+    for hop in summary.proxy.hops if summary.proxy is not None else []:
+        prefix = f"proxy.hop{hop.index}."
+        out.update({prefix + f: _float(getattr(hop, f)) for f in HOP_FIELDS})
+        out.update({prefix + name: float(value) for name, value in hop.metrics.items()})
     for g in summary.groups:
         for f in numeric_fields(GroupSummary):
             out[f"{g.group}.{f}"] = _float(getattr(g, f))

@@ -8,6 +8,7 @@ process of identical users with one read behaviour), and collector and verdict s
 from __future__ import annotations
 
 import difflib
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -24,11 +25,18 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from harness.runfolder import figure_names, impact_names, sample_names
+from harness.runfolder import figure_names, hop_figure_names, impact_names, sample_names
 from harness.scenario._gate_syntax import Gate, GateSyntaxError, parse_gate, unknown_figures
 from harness.scenario._matrix import MatrixConfig, expand_matrix
 from harness.scenario._placement import PlacementConfig
-from harness.servers import PROXIES, NoProxyConfig, ProxyConfig, TargetConfig
+from harness.servers import (
+    PROXIES,
+    NoProxyConfig,
+    ProxyConfig,
+    ProxyConfigBase,
+    TargetConfig,
+    hop_metric_names,
+)
 from loadgen import UserGroupConfig
 from netem import BACKENDS
 from zwcore import load_plugins
@@ -217,16 +225,35 @@ def _listing(names: list[str], owners: list[str]) -> str:
     )
 
 
+def hop_figures(proxies: Sequence[ProxyConfigBase]) -> list[str]:
+    """The ``proxy.hop<i>.<name>`` figures of a scenario whose proxy configurations are
+    ``proxies``: as many hops as the longest path has, each with its sizes and the own metrics
+    of every kind found at that place (:func:`harness.servers.hop_metric_names`)."""
+    paths = [p.hop_kinds() for p in proxies]
+    out: list[str] = []
+    for i in range(max(map(len, paths), default=0)):
+        metrics = {m for path in paths if i < len(path) for m in hop_metric_names(path[i])}
+        out += hop_figure_names(i, metrics)
+    return out
+
+
 def check_figures(
-    gates: list[Gate], groups: list[UserGroupConfig], *, control: bool = False
+    gates: list[Gate],
+    groups: list[UserGroupConfig],
+    *,
+    control: bool = False,
+    proxies: Sequence[ProxyConfigBase] = (),
 ) -> None:
     """Raise a ``PydanticCustomError`` (``unknown_figure``) for the first gate whose figure
     is not one of ``groups``' figures (:func:`harness.runfolder.figure_names`; with a
-    ``control`` arm also the impact figures of the groups that are not aggressors)."""
+    ``control`` arm also the impact figures of the groups that are not aggressors; with
+    ``proxies``, the scenario's proxy configurations, their hops' figures, :func:`hop_figures`)."""
     owners = [g.name for g in groups] + [
         f"{g.name}.{b.name}" for g in groups for b in g.behaviours()
     ]
     valid, samples = figure_names(owners), sample_names(owners)
+    if proxies:
+        valid = sorted(valid + hop_figures(proxies))
     if control:
         valid = sorted(valid + impact_names(g.name for g in groups if not g.aggressor))
     for gate in unknown_figures(gates, valid, samples):
@@ -308,7 +335,9 @@ class Scenario(_Strict):
         groups = info.data.get("groups")
         if groups is None:  # the groups did not validate: that error is reported instead
             return gates
-        check_figures(gates, groups, control=bool(info.data.get("control")))
+        proxies = [info.data.get("proxy") or NoProxyConfig()]
+        proxies += [p.proxy for p in info.data.get("proxies") or []]
+        check_figures(gates, groups, control=bool(info.data.get("control")), proxies=proxies)
         return gates
 
     netem: NetemConfig = NetemConfig()
@@ -330,7 +359,8 @@ class Scenario(_Strict):
     def _known_finding_figures(self) -> Scenario:
         if self.incident is not None:
             try:
-                check_figures(self.incident.findings, self.groups)
+                proxies = [self.proxy, *(p.proxy for p in self.proxies)]
+                check_figures(self.incident.findings, self.groups, proxies=proxies)
             except PydanticCustomError as exc:  # reported at the finding, so at its line
                 details: list[InitErrorDetails] = [
                     {"type": exc, "loc": ("incident", "findings"), "input": None}

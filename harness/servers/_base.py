@@ -220,6 +220,20 @@ class Proxy(Server):
         ]  # fmt: skip
 
 
+def hop_metric_names(kind: str) -> list[str]:
+    """The names the own metrics of a proxy hop of ``kind`` take in a run's summary
+    (:attr:`ProxyFigure.summary_name` of its :attr:`Proxy.metric_figures`; a ``by_label``
+    figure's per-value names are not known before the run), for the proxy kinds loaded;
+    ``[]`` for a kind without metrics."""
+    classes: list[type[Proxy]] = [Proxy]
+    while classes:
+        cls = classes.pop()
+        if cls.__dict__.get("kind") == kind and cls.metric_figures:
+            return sorted({f.summary_name for f in cls.metric_figures})
+        classes += cls.__subclasses__()
+    return []
+
+
 class TargetConfigBase(StrictOptions):
     """Options of a target kind, and what the kind declares. Subclasses define
     ``kind: Literal["name"] = "name"``, ``served_model_name`` and :meth:`build`, and declare
@@ -260,6 +274,11 @@ class ProxyConfigBase(StrictOptions):
     def build(self) -> Proxy:
         """The proxy these options describe (not started)."""
         raise NotImplementedError
+
+    def hop_kinds(self) -> list[str]:
+        """The kinds of the proxies these options put between the clients and the target, the
+        clients' side first (a run's ``proxy.hop<i>`` figures): this kind."""
+        return [self.kind]
 
     @classmethod
     def for_bench(cls, *, client_sndbuf_bytes: int) -> dict[str, ProxyConfigBase]:

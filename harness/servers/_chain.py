@@ -51,6 +51,10 @@ class ChainProxyConfig(ProxyConfigBase):
     def build(self) -> Proxy:
         return ChainProxy(self)
 
+    def hop_kinds(self) -> list[str]:
+        """Its hops' kinds, the clients' side first."""
+        return [k for hop in self.hops for k in hop.hop_kinds()]
+
 
 class ChainProxy(Proxy):
     """The hops of a ``chain``: what the run asks of processes goes to all of them, what it

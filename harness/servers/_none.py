@@ -17,6 +17,10 @@ class NoProxyConfig(ProxyConfigBase):
     def build(self) -> Proxy:
         return NoProxy(self)
 
+    def hop_kinds(self) -> list[str]:
+        """None: nothing stands between the clients and the target."""
+        return []
+
     @classmethod
     def for_bench(cls, *, client_sndbuf_bytes: int) -> dict[str, ProxyConfigBase]:
         """``none``: the direct path, the baseline of the latency every proxy adds."""
