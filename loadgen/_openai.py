@@ -212,7 +212,8 @@ def _parse_generic(data: str | bytes, event_type: str) -> Payload:
     for choice in choices:
         if not isinstance(choice, dict):
             continue
-        delta = choice.get("delta") or choice.get("message")
+        delta = choice.get("delta")  # a chat chunk's, even empty; else a whole chat answer's
+        delta = choice.get("message") if delta is None else delta
         piece = delta.get("content") if isinstance(delta, dict) else choice.get("text")
         if isinstance(piece, str):
             texts.append(piece)

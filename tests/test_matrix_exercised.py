@@ -3,12 +3,13 @@ phase is reported as not exercised, with the phase they reached, and its gates a
 inconclusive under the scenario's ``[gating] inconclusive`` policy.
 
 One short run on the engine emulator with one batch slot (``max_num_seqs = 1``): a ``hog``
-request of ~2.6 s takes the slot just before the ``decode-fin`` window. That cell's clients
+request of ~3.4 s takes the slot just before the ``decode-fin`` window. That cell's clients
 leave by the clock, 0.3 s after their send, as the matrix's decode cells did before they
 waited for their first token (or as a load process whose clock is not the engine's would):
 the engine still had them queued, so the cell is not exercised. The ``decode-rst`` clients
-are sent while the hog still runs and leave as the matrix sends them, 0.3 s after their first
-token: they wait behind it, get scheduled one after the other, and leave mid-decode.
+are sent while the hog still runs (~1.2 s before its end: a load process started late on a
+busy machine still finds it running) and leave as the matrix sends them, 0.3 s after their
+first token: they wait behind it, get scheduled one after the other, and leave mid-decode.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ name = "hog"
 users = 1
 requests_per_user = 1
 start_after_s = 1.8
-max_tokens = 600
+max_tokens = 800
 
 [target]
 kind = "sim"
