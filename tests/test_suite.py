@@ -161,6 +161,13 @@ cell_s = 5
     with pytest.raises(ScenarioError, match="unknown figure 'decode-rst.left'"):
         parse_scenario(text.replace("decode-fin.leave_to_abort_max_ms", "decode-rst.left"),
                        path=Path("m.toml"))  # fmt: skip
+    # A misspelt matrix option is the only error: no "groups: Field required" beside it.
+    with pytest.raises(ScenarioError) as exc:
+        parse_scenario(text.replace('"stall_rst"]', '"stall_rst"]\nanswers = ["streamed"]'),
+                       path=Path("m.toml"))  # fmt: skip
+    assert str(exc.value) == (
+        "m.toml:10: field 'matrix.answers.0': Input should be 'stream' or 'whole' (got 'streamed')"
+    )
 
 
 def test_retarget_replaces_only_the_target() -> None:

@@ -2,7 +2,8 @@
 for the answer: ``decode``, ``decode (whole)``), ways of leaving across.
 
 One grid per question: how long after leaving the engine aborted the clients (p50 and max,
-and how many of the cell's clients it aborted at all), the tokens decoded for nobody, and the
+and how many of the cell's clients it aborted at all), the tokens generated that the leavers
+never received (decoded for nobody: before they left, unread, or after), and the
 victims' TTFT p99 against the control window. A cell none of whose clients left in its phase
 says so, with where they were instead (``not exercised: frontend 2``), and has no heat. Used
 by the console, the HTML report and the suite's case lines.
@@ -99,6 +100,11 @@ def abort_level(c: MatrixCell) -> int | None:
     return 0 if worst <= 1000 else 1 if worst <= 5000 else 2
 
 
+WASTED_TITLE = "tokens generated that the leaver never received (mean per client)"
+"""What :func:`wasted_text` gives (``tokens_after_leave_mean``): unread when it left, or
+decoded after."""
+
+
 def wasted_text(c: MatrixCell) -> str:
     """Mean tokens the engine generated per client after it left."""
     return _f(c.tokens_after_leave_mean, 0)
@@ -123,7 +129,7 @@ def print_matrix(cells: list[MatrixCell], console: Console) -> None:
     g = matrix_grid(cells)
     tables: list[tuple[str, Callable[[MatrixCell], str], bool]] = [
         ("leave -> engine abort, ms p50 / max (aborted/left)", abort_text, True),
-        ("tokens decoded after leaving (mean per client)", wasted_text, False),
+        (WASTED_TITLE, wasted_text, False),
         ("victims' TTFT p99, x control", ratio_text, False),
     ]
     for title, text, heat in tables:

@@ -70,7 +70,12 @@ def _format_errors(path: Path, text: str, error: ValidationError) -> str:
     lines = text.splitlines()
     group_names = _group_names(text)
     out = []
-    for err in relocated_errors(error):
+    errors = relocated_errors(error)
+    if any(e["loc"][:1] == ("matrix",) for e in errors):
+        # The matrix makes the groups; one that does not validate makes none, and "groups:
+        # Field required" would blame a table the file does not need.
+        errors = [e for e in errors if not (e["loc"] == ("groups",) and e["type"] == "missing")]
+    for err in errors:
         raw = err["loc"]
         # proxies[i].proxy.x: in the file, the proxy's fields sit in the entry itself
         loc = tuple(

@@ -19,7 +19,14 @@ from markupsafe import Markup
 
 from harness.analysis import is_plan_folder
 from harness.outputs._format import fmt_number
-from harness.outputs._matrix import abort_level, abort_text, matrix_grid, ratio_text, wasted_text
+from harness.outputs._matrix import (
+    WASTED_TITLE,
+    abort_level,
+    abort_text,
+    matrix_grid,
+    ratio_text,
+    wasted_text,
+)
 from harness.outputs._report._data import (
     ReportError,
     RunData,
@@ -132,7 +139,7 @@ def _matrix(summary: dict[str, Any]) -> dict[str, Any] | None:
         "leaves": g.leaves,
         "tables": [
             ("leave to engine abort, ms p50 / max (aborted/left)", rows(abort_text, True)),
-            ("tokens decoded after leaving (mean per client)", rows(wasted_text, False)),
+            (WASTED_TITLE, rows(wasted_text, False)),
             ("victims' TTFT p99, x control window", rows(ratio_text, False)),
         ],
         "control": g.control,
