@@ -12,6 +12,7 @@ from harness.outputs import (
     append_markdown,
     print_comparison,
     print_gates,
+    print_hops,
     print_repeats,
     print_summary,
     print_sweep,
@@ -64,12 +65,13 @@ def show_plan(result: PlanResult) -> None:
         if result.comparison is not None:
             print_comparison(result.comparison, title=plan.scenario.name)
             markdown = to_markdown(result.comparison, title=plan.scenario.name)
+        print_hops({name: run.summary for name, run in result.runs.items()})
         for arm in result.arms.values():
             if plan.pooled:
                 markdown += _show_arm(result, arm)
-            elif arm.gates:
+            elif arm.gates:  # its own gates' exit code; the plan's is the worst of them
                 typer.echo(f"gates of {arm.name}:")
-                print_gates(arm.gates, exit_code=result.exit_code)
+                print_gates(arm.gates, exit_code=int(any(not g.passed for g in arm.gates)))
     try:
         append_markdown(markdown) if markdown else None
     except OSError as exc:

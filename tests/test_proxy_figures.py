@@ -232,3 +232,27 @@ def test_the_hops_probes_share_one_read_of_a_namespaces_socket_table():
     assert tables.sockets(f"/proc/{os.getpid()}") is first  # same namespace, read once
     assert SocketTables(max_age_s=0.0).sockets("/proc/self") is not first
     assert tables.sockets("/proc/999999999") == []  # a process that is gone
+
+
+def test_a_comparison_prints_the_hops_of_its_chains_only() -> None:
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from harness.outputs import print_hops
+    from harness.runfolder import HopSummary
+
+    def hop(i: int, kind: str) -> HopSummary:
+        return HopSummary(index=i, kind=kind, port=8000 + i, send_q_peak_bytes=0, samples=1,
+                          rss_peak_bytes=10**7, metrics={"requests": 4.0})  # fmt: skip
+
+    runs = {
+        "nginx": SimpleNamespace(proxy=SimpleNamespace(hops=[hop(0, "nginx")])),
+        "none": SimpleNamespace(proxy=None),
+        "edge": SimpleNamespace(proxy=SimpleNamespace(hops=[hop(0, "traefik"), hop(1, "litellm")])),
+    }
+    console = Console(record=True, width=200)
+    print_hops(runs, console)  # type: ignore[arg-type]
+    text = console.export_text()
+    assert text.count("proxy hops") == 1 and "edge: proxy hops" in text
+    assert "traefik" in text and "litellm" in text and "requests 4" in text

@@ -4,7 +4,7 @@ sweep and the incident suite."""
 
 from harness.outputs._compare import FORMATS, compare_runs, html_page, render, rich_table
 from harness.outputs._comparison import print_comparison, to_markdown, write_comparison
-from harness.outputs._console import print_gates, print_summary
+from harness.outputs._console import print_gates, print_hops, print_summary
 from harness.outputs._junit import JunitSuite, junit_run, junit_xml, write_junit
 from harness.outputs._matrix import abort_text, ratio_text, wasted_text
 from harness.outputs._repeats import print_repeats, repeats_markdown
@@ -54,6 +54,7 @@ __all__ = [
     "junit_xml",
     "print_comparison",
     "print_gates",
+    "print_hops",
     "print_repeats",
     "print_summary",
     "print_suite",

@@ -81,12 +81,14 @@ def print_summary(summary: RunSummary, *, run_dir: str, console: Console | None 
     console.print(f"results: {escape(run_dir)}")
 
 
-def hops_table(hops: list[HopSummary]) -> Table:
+def hops_table(hops: list[HopSummary], *, of: str = "") -> Table:
     """The proxy's hops, one row each (0 faces the clients): peak RSS (MB), peak Send-Q toward
     the hop in front or the clients (the largest connection, and summed over its connections),
     peak Recv-Q from its upstream (largest connection), peak buffered bytes and its own
-    metrics' figures."""
-    table = Table(title="proxy hops (0 faces the clients; peaks)", title_justify="left")
+    metrics' figures; ``of``: whose proxy (a configuration's name), in the title."""
+    whose = f"{of}: " if of else ""
+    title = f"{whose}proxy hops (0 faces the clients; peaks)"
+    table = Table(title=title, title_justify="left")
     for col in (
         "hop", "kind", "port", "RSS MB", "Send-Q 1 conn B", "Send-Q all B", "upstream Recv-Q B",
         "buffered B", "own metrics",
@@ -101,6 +103,15 @@ def hops_table(hops: list[HopSummary]) -> Table:
             escape(", ".join(f"{k} {_f(v, 0)}" for k, v in h.metrics.items()) or "-"),
         )  # fmt: skip
     return table
+
+
+def print_hops(runs: dict[str, RunSummary], console: Console | None = None) -> None:
+    """The :func:`hops_table` of each run of ``runs`` (by name) whose proxy has several hops (a
+    chain; a single proxy's figures are in the comparison's own table)."""
+    console = console or Console(width=200)
+    for name, summary in runs.items():
+        if summary.proxy is not None and len(summary.proxy.hops) > 1:
+            console.print(hops_table(summary.proxy.hops, of=name))
 
 
 def print_gates(gates: list[GateResult], *, exit_code: int, console: Console | None = None) -> None:
