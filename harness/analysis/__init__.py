@@ -21,7 +21,6 @@ from harness.analysis._analyze import (
     RunFacts,
     all_requests_failed,
     analyze,
-    chain_hops,
     read_facts,
     write_analysis,
 )
@@ -98,7 +97,6 @@ __all__ = [
     "DistortionThresholds",
     "KvHeldVerdict",
     "RunFacts",
-    "chain_hops",
     "all_requests_failed",
     "analyze",
     "buffering_distortion",
