@@ -256,3 +256,17 @@ def test_a_comparison_prints_the_hops_of_its_chains_only() -> None:
     text = console.export_text()
     assert text.count("proxy hops") == 1 and "edge: proxy hops" in text
     assert "traefik" in text and "litellm" in text and "requests 4" in text
+
+
+def test_the_names_offered_for_gates_are_the_names_a_run_gives() -> None:
+    from harness.analysis._proxy import metric_figures
+    from harness.servers import hop_metric_names
+
+    # egress's buffered_bytes gauge feeds the probe's own column (buffered_peak_bytes), so a
+    # gate on a "buffered_bytes_peak" metric would never be measured: it is not offered
+    rows = [{"t": 0.0, "hop": 0, "buffered_bytes": 5.0, "requests": 1.0, "active_streams": 2.0},
+            {"t": 1.0, "hop": 0, "buffered_bytes": 9.0, "requests": 4.0, "active_streams": 1.0}]
+    given = metric_figures(rows, [f.describe() for f in EGRESS_FIGURES])
+    assert given["requests"] == 3.0 and given["active_streams_peak"] == 2.0
+    offered = hop_metric_names("egress")
+    assert set(given) <= set(offered) and "buffered_bytes_peak" not in offered

@@ -14,14 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from harness.runfolder import HopSummary, ProxySummary
-
-PROBE_COLUMNS = frozenset(
-    {"t", "hop", "rss_bytes", "buffered_bytes", "client_send_q_bytes", "upstream_recv_q_bytes",
-     "metrics_ok"}
-)  # fmt: skip
-"""Columns of ``proxy.parquet`` that the probe fills itself; any other is a hop's own metric
-figure (``run.json`` ``proxy_hops[].metric_figures`` declares it)."""
+from harness.runfolder import PROBE_COLUMNS, HopSummary, ProxySummary, hop_metric_name
 
 
 def probe_rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
@@ -97,9 +90,9 @@ def metric_figures(rows: list[dict[str, Any]], declared: list[dict[str, Any]]) -
             names += [c for c in columns if c.startswith(f"{figure}_")]
         for name in names:
             if d["type"] == "counter":
-                out[name] = counter_rise(rows, name) or 0.0
+                out[hop_metric_name(name, "counter")] = counter_rise(rows, name) or 0.0
             else:
-                out[f"{name}_peak"] = float(max(r[name] for r in rows if name in r))
+                out[hop_metric_name(name, "gauge")] = float(max(r[name] for r in rows if name in r))
     return out
 
 

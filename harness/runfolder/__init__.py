@@ -49,6 +49,7 @@ from harness.runfolder._files import (
 )
 from harness.runfolder._io import read_json, read_parquet, to_builtin, write_json, write_parquet
 from harness.runfolder._schema import (
+    PROBE_COLUMNS,
     GroupSummary,
     HopSummary,
     LoadWorker,
@@ -59,6 +60,7 @@ from harness.runfolder._schema import (
     SaturationSummary,
     ServerSummary,
     WorkerClock,
+    hop_metric_name,
 )
 
 __all__ = [
@@ -92,6 +94,8 @@ __all__ = [
     "ENGINE_STEPS",
     "GroupSummary",
     "HopSummary",
+    "PROBE_COLUMNS",
+    "hop_metric_name",
     "MatrixCell",
     "LoadWorker",
     "WorkerClock",

@@ -49,6 +49,23 @@ class SaturationSummary(BaseModel):
     message: str
 
 
+PROBE_COLUMNS = frozenset(
+    {"t", "hop", "rss_bytes", "buffered_bytes", "client_send_q_bytes", "upstream_recv_q_bytes",
+     "metrics_ok"}
+)  # fmt: skip
+"""Columns of ``proxy.parquet`` that the proxy probe fills itself; any other is a hop's own
+metric figure (``run.json`` ``proxy_hops[].metric_figures`` declares it). A declared figure of
+one of these names (egress's ``buffered_bytes`` gauge) feeds the probe's column, not
+:attr:`HopSummary.metrics`."""
+
+
+def hop_metric_name(figure: str, kind: str) -> str:
+    """The name a hop's own metric ``figure`` of ``kind`` (``counter`` or ``gauge``) takes in
+    :attr:`HopSummary.metrics`: a counter's rise is ``<figure>``, a gauge's peak
+    ``<figure>_peak``."""
+    return figure if kind == "counter" else f"{figure}_peak"
+
+
 class HopSummary(BaseModel):
     """One proxy on the path from the clients to the target (``index`` 0 faces the clients; a
     single proxy is hop 0, a chain's hops follow inward): its kind and the port it listened on.

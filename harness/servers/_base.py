@@ -18,6 +18,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict
 
 from harness._engine_probe import STATUS_FILE, read_status
+from harness.runfolder import PROBE_COLUMNS, hop_metric_name
 from harness.servers._metric_names import (
     EXTRA_PRESETS,
     HISTOGRAM_FIGURES,
@@ -222,14 +223,16 @@ class Proxy(Server):
 
 def hop_metric_names(kind: str) -> list[str]:
     """The names the own metrics of a proxy hop of ``kind`` take in a run's summary
-    (:attr:`ProxyFigure.summary_name` of its :attr:`Proxy.metric_figures`; a ``by_label``
+    (:func:`harness.runfolder.hop_metric_name` of its :attr:`Proxy.metric_figures`, but those
+    that feed the probe's own columns, :data:`harness.runfolder.PROBE_COLUMNS`; a ``by_label``
     figure's per-value names are not known before the run), for the proxy kinds loaded;
     ``[]`` for a kind without metrics."""
     classes: list[type[Proxy]] = [Proxy]
     while classes:
         cls = classes.pop()
         if cls.__dict__.get("kind") == kind and cls.metric_figures:
-            return sorted({f.summary_name for f in cls.metric_figures})
+            figures = [f for f in cls.metric_figures if f.figure not in PROBE_COLUMNS]
+            return sorted({hop_metric_name(f.figure, f.type) for f in figures})
         classes += cls.__subclasses__()
     return []
 

@@ -40,12 +40,6 @@ class ProxyFigure:
         """Whether a sample with ``labels`` counts toward this figure."""
         return all(labels.get(k) == v for k, v in self.labels)
 
-    @property
-    def summary_name(self) -> str:
-        """The figure's name in a run's summary (``proxy.hops[].metrics``): a counter's rise
-        is ``<figure>``, a gauge's peak ``<figure>_peak``."""
-        return self.figure if self.type == "counter" else f"{self.figure}_peak"
-
     def describe(self) -> dict[str, Any]:
         """The declaration as plain data (``run.json``): ``figure``, ``metric``, ``type``,
         ``labels`` (a dict), ``by_label``."""
