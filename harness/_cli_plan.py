@@ -82,3 +82,5 @@ def show_plan(result: PlanResult) -> None:
         typer.echo(f"report: {report}")
     if not plan.single:  # a run's tables end with its folder
         typer.echo(f"results: {result.run_dir}")
+    if result.history is not None:
+        typer.echo(result.history.line())

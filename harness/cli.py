@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from harness._cli_bench import bench_app
 from harness._cli_errors import fail, setup_errors
+from harness._cli_history import HistoryOption, history_app
 from harness._cli_plan import show_plan
 from harness._cli_tools import add_tool_commands
 from harness.analysis import parse_goodput
@@ -41,6 +42,11 @@ app.add_typer(baseline_app, name="baseline")
 suite_app = typer.Typer(help="The incident regression suite.", no_args_is_help=True)
 app.add_typer(suite_app, name="suite")
 app.add_typer(bench_app, name="bench")
+app.add_typer(history_app, name="history")
+NoHistoryOption = Annotated[
+    bool,
+    typer.Option("--no-history", help="add nothing to the history; history gates are skipped"),
+]
 # What stops `run` before it measures, by the error's class (harness._cli_errors).
 _RUN_TITLES = {
     ScenarioError: "invalid argument",
@@ -132,6 +138,8 @@ def run(
         bool,
         typer.Option("--dry-run", help="print the plan (what would run, with which options)"),
     ] = False,
+    history: HistoryOption = None,
+    no_history: NoHistoryOption = False,
 ) -> None:
     """Run SCENARIO and write results/<scenario>/<UTC timestamp>/: one run folder, or the
     plan's folder with one run folder per repeat (r1, r2 ..., control runs c1 ...) and per
@@ -141,11 +149,12 @@ def run(
     Exit code: 0 complete and every gate passed, 1 a gate failed or a run failed, 2 invalid
     scenario, a pair of options that does not compose, or a set-up error (missing baseline,
     target did not start), 130 interrupted. Writes junit.xml into the folder; appends a
-    Markdown summary to $GITHUB_STEP_SUMMARY when it is set."""
+    Markdown summary to $GITHUB_STEP_SUMMARY when it is set; adds the runs to the history
+    (`zerowindow history`)."""
     options = _options(
         scenario, target_url=target_url, repeats=repeats, baseline=baseline,
         use_baseline=not no_baseline, workers=workers, remote_workers=remote_workers,
-        master_bind=master_bind, progress=progress,
+        master_bind=master_bind, progress=progress, history=history, use_history=not no_history,
     )  # fmt: skip
     with setup_errors("invalid scenario", scenario=scenario):
         config = load_scenario(scenario)

@@ -5,6 +5,7 @@ gone."""
 
 from zwcore._cpus import format_cpu_list, parse_cpu_list
 from zwcore._errors import (
+    HistoryError,
     LoadError,
     NetworkError,
     ProxyError,
@@ -23,6 +24,7 @@ __all__ = [
     "NetworkError",
     "ProxyError",
     "Registry",
+    "HistoryError",
     "RunFolderError",
     "ScenarioError",
     "TargetError",

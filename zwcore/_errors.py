@@ -40,3 +40,9 @@ class LoadError(ZerowindowError):
 class RunFolderError(ZerowindowError):
     """A run folder (or a file in it, such as a baseline or ``run.json``) that is missing or
     cannot be read."""
+
+
+class HistoryError(ZerowindowError):
+    """A history store (``harness.history``) that cannot be opened, read or written: a file
+    that is no DuckDB database, a database the toolkit did not create, one locked by another
+    process. The file is left as it was."""

@@ -135,7 +135,7 @@ def join_engine(
     wire = chunks.groupby("request_id")["bytes"].sum() if len(chunks) else pd.Series(dtype=float)
     per_token = (wire / tokens.replace(0, np.nan)).reindex(idx).to_numpy()
     fallback = float(wire.sum() / tokens.sum()) if len(tokens) and tokens.sum() else np.nan
-    per_token = np.where(np.isnan(per_token), fallback, per_token)
+    per_token = np.where(np.isnan(per_token), fallback, per_token).reshape(-1)
     bound_s = bound_ms.fillna(0.0).to_numpy() / 1000.0
     for moment, name in ((gen_end, "generation_end"), (freed, "kv_free")):
         received = _received(chunks, moment, idx, 0.0)

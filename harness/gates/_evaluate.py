@@ -15,7 +15,11 @@ Verdicts:
 - a **distribution** gate (``fast.ttft_ms ~ baseline within 10%``) looks at the ratio of the
   medians and its interval: ``pass`` when the interval lies within ``1 ± within``, ``fail``
   when it lies wholly outside and the Mann-Whitney U p-value is below ``alpha``,
-  ``inconclusive`` otherwise.
+  ``inconclusive`` otherwise;
+- a **history** gate (``fast.ttft_p99_ms ~ history within 10%``) looks at the figure over the
+  runs of its series before this one and this one (:func:`harness.history.judge_trend`):
+  ``fail`` when the newest runs lie after change points that worsen it beyond ``within``,
+  else ``pass``; ``skipped`` when the run keeps no history on purpose.
 
 A gate on a figure that was not measured (``None``) fails, saying so; but a gate on a figure
 of something that was **not exercised** (its owner's ``<owner>.exercised`` figure is 0: a
@@ -46,7 +50,9 @@ from harness.analysis import (
     p_value,
     ratio_draws,
 )
+from harness.history import Past, judge_trend
 from harness.scenario import OPS, Gate, GatingConfig
+from zwcore import HistoryError
 
 PASS, FAIL, INCONCLUSIVE, SKIPPED = "pass", "fail", "inconclusive", "skipped"
 
@@ -118,6 +124,7 @@ def evaluate_gates(
     baseline_evidence: Evidence | None = None,
     policy: GatingConfig | None = None,
     final: bool = True,
+    past: Past | None = None,
 ) -> list[GateResult]:
     """Evaluate ``gates`` against this run's ``figures`` (from :func:`harness.runfolder.figures`,
     or the estimates over repeats) and, for relative gates, the ``baseline`` figures (module
@@ -130,10 +137,12 @@ def evaluate_gates(
     (and no ``baseline``) relative gates are reported as skipped instead of failed: for the
     first run of a scenario, whose folder then becomes the baseline. ``policy`` (default
     :class:`~harness.scenario.GatingConfig`) decides what an inconclusive gate does; with
-    ``final=False`` the ``rerun`` policy fails it (the caller reruns), else it warns."""
+    ``final=False`` the ``rerun`` policy fails it (the caller reruns), else it warns.
+    ``past`` gives a figure's values in the runs of this run's series before it, for history
+    gates (:func:`harness.history.past_of`; ``None``: no history kept, they are skipped)."""
     policy = policy or GatingConfig()
     return [
-        _evaluate(
+        _history(gate, figures, past, policy, final) if gate.history else _evaluate(
             gate,
             figures,
             baseline,
@@ -146,6 +155,36 @@ def evaluate_gates(
         )  # fmt: skip
         for gate in gates
     ]
+
+
+def _history(
+    gate: Gate,
+    figures: Mapping[str, float | None],
+    past: Past | None,
+    policy: GatingConfig,
+    final: bool,
+) -> GateResult:
+    """A history gate (module docstring)."""
+    measured = figures.get(gate.figure)
+    plain = GateResult(gate.text, gate.figure, gate.op, False, measured, None, None, False, "")
+    if (idle := not_exercised(gate.figure, figures)) is not None:
+        return _with(plain, INCONCLUSIVE, idle, policy, final)
+    if past is None:
+        why = f"skipped: this run keeps no history on purpose (measured {_num(measured)})"
+        return _with(plain, SKIPPED, why, policy, final, skipped=True)
+    if measured is None:
+        return _with(plain, FAIL, f"{gate.figure} was not measured in this run", policy, final)
+    try:
+        values = [*past(gate.figure), measured]
+    except HistoryError as exc:
+        return _with(plain, FAIL, f"the history cannot be read: {exc}", policy, final)
+    trend = judge_trend(
+        values, gate.figure, within=gate.within, max_pvalue=policy.history_max_pvalue,
+        confidence=policy.confidence,
+    )  # fmt: skip
+    verdict = FAIL if trend.failed else PASS
+    return _with(plain, verdict, f"measured {_num(measured)}; {trend.reason}", policy, final,
+                 effect=None if trend.change is None else 1 + trend.change)  # fmt: skip
 
 
 def wants_rerun(results: Iterable[GateResult], policy: GatingConfig) -> bool:

@@ -82,6 +82,8 @@ def reanalyze_plan(
     }
     needed = plan.pooled and needs_baseline(plan.scenario.gates)
     base, skip = _plan_baseline(folder, needed, baseline, use_baseline, plan.scenario.name)
+    history = Path(record.info["history"]) if record.info.get("history") else None
     return conclude_plan(
-        folder, record, leaves, baseline=base, skip_relative=skip, keep_baseline=False
-    )
+        folder, record, leaves, baseline=base, skip_relative=skip, keep_baseline=False,
+        history=history,
+    )  # fmt: skip

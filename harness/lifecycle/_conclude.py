@@ -28,6 +28,7 @@ from harness.gates import (
     evaluate_gates,
     load_baseline,
 )
+from harness.history import Past, entry_id, past_of, series_of
 from harness.lifecycle._exit import EXIT_SETUP, exit_code
 from harness.lifecycle._results import RunResult
 from harness.outputs import Concluded, junit_run, write_outputs
@@ -52,13 +53,15 @@ def conclude(
     skip_relative: bool = False,
     report: bool = True,
     keep_baseline: bool = True,
+    history: Path | None = None,
 ) -> RunResult:
     """Analyse ``run_dir``, gate it (against ``baseline``, if given; ``skip_relative``: see
     :func:`~harness.gates.evaluate_gates`) and write the results (module docstring);
     ``keep_baseline`` also copies the baseline into the run folder (``baseline.json``: the
     baseline the run was gated against, for ``zerowindow analyze``). ``info``
     is ``run.json`` as the run began it; the end of the run is added to it. A report that
-    cannot be written is a warning on stderr and changes nothing else."""
+    cannot be written is a warning on stderr and changes nothing else. ``history``: the
+    history file history gates read (``None``: none kept; recorded in ``run.json``)."""
     analysis = analyze(run_dir, facts)
     write_analysis(run_dir, analysis)
     summary = analysis.summary
@@ -75,6 +78,7 @@ def conclude(
         evidence=evidence,
         baseline_evidence=baseline[1].evidence(baseline[0]) if baseline else None,
         policy=facts.scenario.gating,
+        past=run_past(history, info, facts.proxy_name),
     )
     code = exit_code(summary.status, setup_failed=setup_failed, gates=results)
     result = RunResult(run_dir, summary, code, results, baseline[0] if baseline else None)
@@ -91,6 +95,7 @@ def conclude(
         write_json(run_dir / BASELINE_JSON, baseline[1].model_dump(mode="json"))
     info.update(
         facts.as_dict(),
+        history=str(history) if history else None,
         status=summary.status,
         failure=summary.failure,
         setup_failed=setup_failed,
@@ -112,6 +117,17 @@ def conclude(
     return result
 
 
+def run_past(history: Path | None, info: dict[str, Any], arm: str) -> Past | None:
+    """The past of a run (``info``: its ``run.json``; ``arm``: its configuration) in
+    ``history``, for its history gates."""
+    scenario = info.get("scenario", {})
+    return past_of(
+        history,
+        series_of(scenario, arm, info),
+        entry_id("run", scenario.get("name", ""), arm, info),
+    )
+
+
 def reanalyze_run(
     run_dir: Path, *, baseline: tuple[Path, Baseline] | None = None, use_baseline: bool = True
 ) -> RunResult:
@@ -127,13 +143,14 @@ def reanalyze_run(
     :class:`~harness.BaselineError` for a baseline that is needed and cannot be loaded."""
     info = read_json(run_dir / RUN_JSON)
     facts = read_facts(run_dir)
+    history = Path(info["history"]) if info.get("history") else None
     setup_failed = bool(info.get("setup_failed", info.get("exit_code") == EXIT_SETUP))
     skip = not use_baseline
     if use_baseline and baseline is None and needs_baseline(facts.scenario.gates):
         baseline, skip = recorded_baseline(run_dir, facts.scenario.name)
     return conclude(
         run_dir, facts, info, setup_failed=setup_failed, baseline=baseline, skip_relative=skip,
-        keep_baseline=False,
+        keep_baseline=False, history=history,
     )  # fmt: skip
 
 

@@ -25,6 +25,7 @@ from harness.analysis import (
     sweep_of,
 )
 from harness.gates import Baseline, GateResult, evaluate_gates
+from harness.history import Past, plan_past
 from harness.lifecycle._exit import decide
 from harness.lifecycle._results import ArmResult, PlanResult, RunResult
 from harness.outputs import (
@@ -53,9 +54,11 @@ def judge_arm(
     *,
     skip_relative: bool = False,
     final: bool = True,
+    past: Past | None = None,
 ) -> list[GateResult]:
     """The scenario's gates on ``arm``'s figures over its runs and their evidence, against
-    ``baseline`` (``harness.gates._evaluate``); ``final=False`` while a rerun may still come."""
+    ``baseline`` (``harness.gates._evaluate``) and, for history gates, ``past``;
+    ``final=False`` while a rerun may still come."""
     return evaluate_gates(
         plan.scenario.gates,
         arm.figures,
@@ -66,6 +69,7 @@ def judge_arm(
         baseline_evidence=baseline[1].evidence(baseline[0]) if baseline else None,
         policy=plan.scenario.gating,
         final=final,
+        past=past,
     )
 
 
@@ -142,11 +146,13 @@ def conclude_plan(
     baseline: BaselineFile = None,
     skip_relative: bool = False,
     keep_baseline: bool = True,
+    history: Path | None = None,
 ) -> PlanResult:
     """Aggregate, gate and write the plan in ``folder`` (module docstring); ``leaves`` are its
     runs' results by path, ``record`` its ``plan.json``. ``baseline`` is the baseline relative
     gates compare with (``skip_relative``: they are skipped); ``keep_baseline`` copies it into
-    the folder (``baseline.json``, what ``zerowindow analyze`` compares with again)."""
+    the folder (``baseline.json``, what ``zerowindow analyze`` compares with again);
+    ``history`` is the history file history gates read (recorded in ``plan.json``)."""
     plan = record.plan
     result = PlanResult(plan, folder, dict(leaves), baseline=baseline[0] if baseline else None)
     statuses = [r.summary.status for r in leaves.values()]
@@ -162,7 +168,8 @@ def conclude_plan(
         aggs = {a.name: arm_aggregate(folder, record, a) for a in plan.arms if record.of_arm(a)}
         for name, agg in aggs.items():
             if plan.pooled:
-                arm_gates = judge_arm(plan, agg, baseline, skip_relative=skip_relative)
+                past = plan_past(history, folder, record, agg.arm)
+                arm_gates = judge_arm(plan, agg, baseline, skip_relative=skip_relative, past=past)
                 _write_arm(plan, agg, arm_gates, baseline, skip_relative)
             else:  # an arm of one run: gated as a run, on its own (its gates.json)
                 arm_gates = leaves[record.of_arm(agg.arm)[0].path].gates
@@ -178,6 +185,7 @@ def conclude_plan(
     if keep_baseline and baseline is not None:
         write_json(folder / BASELINE_JSON, baseline[1].model_dump(mode="json"))
     info = record.info
+    info["history"] = str(history) if history else None
     result.failure = info.get("failure")
     result.exit_code = decide(
         statuses + [info.get("status", "complete")] * (not leaves),

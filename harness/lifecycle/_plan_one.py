@@ -20,9 +20,11 @@ def run_one(
     *,
     out_root: Path,
     distribution: Distribution | None,
+    history: Path | None = None,
 ) -> RunResult:
     """Run the one run of ``plan`` (as ``setup`` planned it; ``base``: the baseline of its
-    relative gates) into ``out_root/<name>/<UTC timestamp>/``. Never raises for failures of
+    relative gates; ``history``: the history file of its history gates) into
+    ``out_root/<name>/<UTC timestamp>/``. Never raises for failures of
     the target or the load: they are recorded in ``run.json`` and ``summary.json`` and set
     :attr:`RunResult.exit_code`. Raises ``OSError`` if the folder cannot be written."""
     scenario = setup.scenario
@@ -50,5 +52,6 @@ def run_one(
             run.progress.stop()
     skip = not plan.options.use_baseline
     return conclude(
-        run_dir, facts, run.info, setup_failed=run.setup_failed, baseline=base, skip_relative=skip
-    )
+        run_dir, facts, run.info, setup_failed=run.setup_failed, baseline=base, skip_relative=skip,
+        history=history,
+    )  # fmt: skip

@@ -20,8 +20,10 @@ from typing import Any
 
 from harness.analysis import arm_aggregate
 from harness.gates import wants_rerun
+from harness.history import history_path, plan_past
 from harness.lifecycle._conclude_plan import BaselineFile, conclude_plan, judge_arm
 from harness.lifecycle._distributed import Distribution, check_listen_address, parse_address
+from harness.lifecycle._history import remember
 from harness.lifecycle._inputs import baseline_for
 from harness.lifecycle._plan_one import run_one
 from harness.lifecycle._results import ArmResult, PlanResult, RunResult
@@ -50,7 +52,7 @@ def _leaf(scenario: Scenario, *, gated: bool) -> Scenario:
     return scenario.model_copy(update=update if gated else {**update, "gates": []})
 
 
-def _arms_body(plan: Plan, base: BaselineFile) -> Callable[[Series], None]:
+def _arms_body(plan: Plan, base: BaselineFile, history: Path | None) -> Callable[[Series], None]:
     """Run each arm's repeats round the arms, each with its control run, then reruns."""
 
     def body(series: Series) -> None:
@@ -76,7 +78,8 @@ def _arms_body(plan: Plan, base: BaselineFile) -> Callable[[Series], None]:
                 arm for arm in plan.arms
                 if wants_rerun(
                     judge_arm(plan, arm_aggregate(series.run_dir, series.record, arm), base,
-                              skip_relative=skip, final=False),
+                              skip_relative=skip, final=False,
+                              past=plan_past(history, series.run_dir, series.record, arm)),
                     plan.scenario.gating,
                 )
             ]  # fmt: skip
@@ -102,9 +105,12 @@ def run_plan(plan: Plan, *, out_root: Path = Path("results")) -> PlanResult:
     distribution = distribution_of(options)
     setup = plan_run(plan.scenario, target_url=options.target_url, distribution=distribution)
     base = baseline_for(plan.scenario, options.baseline, use=options.use_baseline)
+    history = history_path(options.history, options.use_history, plan.scenario.history, out_root)
     path = Path(plan.scenario_path) if plan.scenario_path else None
     if plan.single:
-        leaf = run_one(plan, setup, base, out_root=out_root, distribution=distribution)
+        leaf = run_one(
+            plan, setup, base, out_root=out_root, distribution=distribution, history=history
+        )
         arm = plan.arms[0]
         result = PlanResult(plan, leaf.run_dir, {".": leaf}, baseline=leaf.baseline)
         estimates = {n: {"value": v} for n, v in leaf.figures.items()}
@@ -113,12 +119,15 @@ def run_plan(plan: Plan, *, out_root: Path = Path("results")) -> PlanResult:
         )
         result.exit_code = leaf.exit_code
         result.failure = leaf.summary.failure
-        return result
+        return remember(result, history)
     run_dir = open_run_dir(out_root, setup.scenario, path)
-    body = _arms_body(plan, base) if options.sweep is None else SweepBody(options.sweep)
-    series = run_series(plan, setup, run_dir, body, distribution=distribution)
+    body = _arms_body(plan, base, history) if options.sweep is None else SweepBody(options.sweep)
+    series = run_series(plan, setup, run_dir, body, distribution=distribution, history=history)
     skip = not options.use_baseline
-    return conclude_plan(run_dir, series.record, series.results, baseline=base, skip_relative=skip)
+    result = conclude_plan(
+        run_dir, series.record, series.results, baseline=base, skip_relative=skip, history=history
+    )
+    return remember(result, history)
 
 
 def run(

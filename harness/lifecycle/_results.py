@@ -59,6 +59,22 @@ class ArmResult:
 
 
 @dataclass
+class HistoryRecord:
+    """What the end of a plan did with the history (``harness.history``): the file,
+    the entries it added, and why it could not, if it could not."""
+
+    path: Path
+    added: int = 0
+    error: str | None = None
+
+    def line(self) -> str:
+        """One line for the console."""
+        if self.error:
+            return f"history: not kept: {self.error}"
+        return f"history: {self.added} entr{'y' if self.added == 1 else 'ies'} added to {self.path}"
+
+
+@dataclass
 class PlanResult:
     """What a plan produced (``harness.scenario.Plan``): its folder, every run by its folder
     relative to the plan's (``"."`` for a plan of one), each arm, the comparison or the sweep
@@ -74,6 +90,7 @@ class PlanResult:
     baseline: Path | None = None
     exit_code: int = 0
     failure: str | None = None
+    history: HistoryRecord | None = None
 
     @property
     def gates(self) -> list[GateResult]:

@@ -40,7 +40,7 @@ from harness.lifecycle._loadrun import LoadProcess, release_vanished, start_load
 from harness.lifecycle._netrun import RunNetwork, plan_network, start_target
 from harness.lifecycle._placement import Placement, pinned_to_load, place_target, plan_placement
 from harness.lifecycle._progress import RunProgress
-from harness.lifecycle._runinfo import harness_process, host_facts, versions
+from harness.lifecycle._runinfo import ci_facts, harness_process, host_facts, versions
 from harness.lifecycle._signals import RunInterrupted, signals_raise
 from harness.runfolder import (
     ERROR_LOG,
@@ -119,6 +119,7 @@ class RunLifecycle:
             "argv": sys.argv,
             "versions": versions(target),
             "host": host_facts(),
+            "ci": ci_facts(),
             "harness": harness_process(),
             "started_utc": datetime.now(UTC).isoformat(),
             "clock": {"monotonic_at_start_s": self.t_start, "wall_at_start_s": time.time()},

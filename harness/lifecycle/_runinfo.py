@@ -35,20 +35,51 @@ def harness_process() -> dict[str, int | None]:
     return {"pid": pid, "start_ticks": process_start_ticks(pid)}
 
 
-def host_facts() -> dict[str, Any]:
-    """Hostname, CPU count, memory (bytes, from /proc/meminfo) and the interpreter path."""
-    mem_bytes = None
+def _first_field(path: str, key: str) -> str | None:
+    """The value of the first ``key: value`` line of ``path`` (a /proc file), or ``None``."""
     try:
-        with open("/proc/meminfo") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("MemTotal:"):
-                    mem_bytes = int(line.split()[1]) * 1024
+                name, _, value = line.partition(":")
+                if name.strip() == key:
+                    return value.strip()
     except OSError:
         pass
+    return None
+
+
+def host_facts() -> dict[str, Any]:
+    """Hostname, CPU model (``model name`` of /proc/cpuinfo) and count, memory (bytes, from
+    /proc/meminfo) and the interpreter path."""
+    mem = _first_field("/proc/meminfo", "MemTotal")
     return {
         "hostname": socket.gethostname(),
+        "cpu_model": _first_field("/proc/cpuinfo", "model name"),
         "cpus": os.cpu_count(),
-        "memory_bytes": mem_bytes,
+        "memory_bytes": int(mem.split()[0]) * 1024 if mem else None,
         "platform": platform.platform(),
         "python_executable": sys.executable,
     }
+
+
+# The CI's commit, run and ref as the usual variables give them: GitHub Actions
+# (docs.github.com, "Variables reference"), GitLab CI ("Predefined CI/CD variables"), and
+# Buildkite, Jenkins and CircleCI for the commit.
+_CI_VARIABLES = {
+    "commit": ("GITHUB_SHA", "CI_COMMIT_SHA", "BUILDKITE_COMMIT", "GIT_COMMIT", "CIRCLE_SHA1"),
+    "run_id": ("GITHUB_RUN_ID", "CI_PIPELINE_ID", "BUILDKITE_BUILD_ID", "BUILD_ID",
+               "CIRCLE_WORKFLOW_ID"),
+    "ref": ("GITHUB_REF_NAME", "CI_COMMIT_REF_NAME", "BUILDKITE_BRANCH", "GIT_BRANCH",
+            "CIRCLE_BRANCH"),
+    "repository": ("GITHUB_REPOSITORY", "CI_PROJECT_PATH", "BUILDKITE_REPO"),
+}  # fmt: skip
+
+
+def ci_facts(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The CI's ``commit``, ``run_id``, ``ref`` and ``repository`` from the first of the usual
+    variables set in ``environ`` (default: this process's environment); only those set, so
+    ``{}`` outside CI."""
+    env = os.environ if environ is None else environ
+    found = {k: next((env[v] for v in names if env.get(v)), None) for k, names in
+             _CI_VARIABLES.items()}  # fmt: skip
+    return {k: v for k, v in found.items() if v}

@@ -32,7 +32,7 @@ from harness.lifecycle._placement import pinned_to_load, place_target
 from harness.lifecycle._progress import RunProgress
 from harness.lifecycle._results import RunResult
 from harness.lifecycle._run import RunLifecycle, RunPlan
-from harness.lifecycle._runinfo import harness_process, host_facts, versions
+from harness.lifecycle._runinfo import ci_facts, harness_process, host_facts, versions
 from harness.lifecycle._signals import RunInterrupted, signals_raise
 from harness.runfolder import PLAN_JSON, keep_plugins, write_json
 from harness.scenario import NamedProxyConfig, Plan, RunEntry, Scenario
@@ -56,6 +56,7 @@ class Series:
     distribution: Distribution | None
     record: PlanRecord
     results: dict[str, RunResult] = field(default_factory=dict)
+    history: Path | None = None
 
     @property
     def scenario(self) -> Scenario:
@@ -103,7 +104,9 @@ class Series:
         finally:
             if run.progress is not None:
                 run.progress.stop()
-        outcome = conclude(sub_dir, facts, run.info, setup_failed=run.setup_failed)
+        outcome = conclude(
+            sub_dir, facts, run.info, setup_failed=run.setup_failed, history=self.history
+        )
         self.record.runs.append(entry)
         self.results[entry.path] = outcome
         if facts.status == "interrupted":
@@ -162,6 +165,7 @@ def run_series(
     body: Callable[[Series], None],
     *,
     distribution: Distribution | None = None,
+    history: Path | None = None,
 ) -> Series:
     """Start ``setup``'s target once and call ``body`` with the :class:`Series` (module
     docstring), in ``run_dir``. Never raises for failures of the target, the network or the
@@ -173,13 +177,14 @@ def run_series(
     info: dict[str, Any] = {
         "versions": versions(target),
         "host": host_facts(),
+        "ci": ci_facts(),
         "started_utc": datetime.now(UTC).isoformat(),
         "idle_wait_s": {},
         "placement": placement.describe(),
         "status": "running",
         "harness": harness_process(),
     }
-    series = Series(plan, setup, run_dir, distribution, PlanRecord(plan, [], info))
+    series = Series(plan, setup, run_dir, distribution, PlanRecord(plan, [], info), history=history)
     write_json(run_dir / PLAN_JSON, series.record.as_dict())
     status, failure, setup_failed = "complete", None, False
     with signals_raise(), pinned_to_load(placement):

@@ -5,6 +5,12 @@ sweep and the incident suite."""
 from harness.outputs._compare import FORMATS, compare_runs, html_page, render, rich_table
 from harness.outputs._comparison import print_comparison, to_markdown, write_comparison
 from harness.outputs._console import print_gates, print_hops, print_summary
+from harness.outputs._history import (
+    HISTORY_HTML,
+    history_markdown,
+    print_history,
+    write_history_page,
+)
 from harness.outputs._junit import JunitSuite, junit_run, junit_xml, write_junit
 from harness.outputs._matrix import abort_text, ratio_text, wasted_text
 from harness.outputs._repeats import print_repeats, repeats_markdown
@@ -30,6 +36,10 @@ from harness.outputs._sweep import print_sweep, write_sweep
 from harness.outputs._writers import OUTPUTS, Concluded, FolderOutput, write_outputs
 
 __all__ = [
+    "HISTORY_HTML",
+    "history_markdown",
+    "print_history",
+    "write_history_page",
     "case_record",
     "write_outputs",
     "FolderOutput",

@@ -14,6 +14,7 @@ from harness.scenario._matrix import MATRIX_PHASES, VICTIMS, MatrixConfig
 from harness.scenario._models import (
     CollectorConfig,
     GatingConfig,
+    HistoryConfig,
     IncidentConfig,
     NamedProxyConfig,
     NetemConfig,
@@ -55,6 +56,7 @@ __all__ = [
     "Gate",
     "GateSyntaxError",
     "GatingConfig",
+    "HistoryConfig",
     "IncidentConfig",
     "MatrixConfig",
     "NamedProxyConfig",

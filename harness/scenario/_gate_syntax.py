@@ -31,6 +31,18 @@ request's value, :data:`harness.runfolder.SAMPLE_KINDS`) with the baseline's::
 
     dgate   := SAMPLE "~" "baseline" ["within" NUMBER "%"]
 
+A **history gate** compares a figure with its own past, the runs of the same scenario and
+provenance in the history store (:mod:`harness.history`)::
+
+    fast.ttft_p99_ms ~ history               # fails after a change point worse by over 10 %
+    fast.output_tokens_per_s ~ history within 5%
+
+    hgate   := FIGURE "~" "history" ["within" NUMBER "%"]
+
+It fails when the newest runs lie after change points (Apache Otava's E-divisive with a
+t-test) that together worsen the figure by more than ``within``; which way is worse follows
+from the figure's name (:func:`harness.history.worse_direction`).
+
 Evaluation (:func:`evaluate_gates`) is strict: a figure this run did not measure (``None``)
 fails, and so does a relative gate whose baseline lacks the figure, each with its reason.
 A relative gate may also come out inconclusive when the intervals of the run and the baseline
@@ -86,11 +98,17 @@ class Gate:
     factor: float = 1.0
     offset: float = 0.0
     within: float = DEFAULT_WITHIN
+    against: str = "baseline"  # a ``~`` gate's reference: ``baseline`` or ``history``
 
     @property
     def distribution(self) -> bool:
         """Whether this is a distribution gate (``SAMPLE ~ baseline``)."""
-        return self.op == SAME
+        return self.op == SAME and self.against == "baseline"
+
+    @property
+    def history(self) -> bool:
+        """Whether this is a history gate (``FIGURE ~ history``)."""
+        return self.op == SAME and self.against == "history"
 
     def bound(self, baseline: float | None = None) -> float | None:
         """The bound for this gate; ``None`` for a relative gate without a baseline value."""
@@ -202,30 +220,32 @@ def parse_gate(text: str) -> Gate:
 
 
 def _distribution_gate(text: str, figure: str, toks: list[_Tok]) -> Gate:
-    """``SAMPLE ~ baseline [within NUMBER %]`` (``toks``: what follows the ``~``)."""
+    """``SAMPLE ~ baseline [within NUMBER %]`` or ``FIGURE ~ history [within NUMBER %]``
+    (``toks``: what follows the ``~``)."""
     kinds = [t.kind for t in toks]
     end_col = len(text.rstrip()) + 1
-    if not toks or kinds[0] != "baseline":
+    against = toks[0].text if toks and toks[0].text in ("baseline", "history") else None
+    if against is None:
         col = toks[0].column if toks else end_col
-        raise GateSyntaxError(text, col, "expected 'baseline' after '~'")
+        raise GateSyntaxError(text, col, "expected 'baseline' or 'history' after '~'")
     within = DEFAULT_WITHIN
     if len(toks) > 1:
         if toks[1].text != "within" or kinds[2:4] != ["number", "percent"] or len(toks) > 4:
             col = toks[1].column
             raise GateSyntaxError(
-                text, col, "expected 'within N%' or the end of the gate after 'baseline'"
+                text, col, f"expected 'within N%' or the end of the gate after {against!r}"
             )
         within = float(toks[2].text) / 100.0
         if not 0 < within < 10:
             raise GateSyntaxError(text, toks[2].column, "the threshold must be within 0..1000 %")
-    return Gate(text.strip(), figure, SAME, True, within=within)
+    return Gate(text.strip(), figure, SAME, against == "baseline", within=within, against=against)
 
 
 def unknown_figures(
     gates: Iterable[Gate], valid: Iterable[str], samples: Iterable[str] = ()
 ) -> list[Gate]:
-    """The gates whose figure is not in ``valid`` (see :func:`harness.runfolder.figure_names`),
-    or, for a distribution gate, whose sample is not in ``samples``
+    """The gates whose figure is not in ``valid`` (see :func:`harness.runfolder.figure_names`;
+    a history gate's too), or, for a distribution gate, whose sample is not in ``samples``
     (:func:`harness.runfolder.sample_names`)."""
     names, sample_set = set(valid), set(samples)
     return [g for g in gates if g.figure not in (sample_set if g.distribution else names)]

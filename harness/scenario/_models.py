@@ -7,6 +7,7 @@ process of identical users with one read behaviour), and collector and verdict s
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import (
@@ -76,13 +77,17 @@ class GatingConfig(_Strict):
     when the interval straddles the bound. ``inconclusive`` says what an inconclusive gate
     does: ``fail``; ``warn`` (passes, with a warning); ``rerun`` (one more repeat, up to
     ``max_reruns``, then as ``warn``). A distribution gate (``~ baseline``) fails only when
-    its Mann-Whitney U p-value is below ``alpha`` as well."""
+    its Mann-Whitney U p-value is below ``alpha`` as well. A history gate (``~ history``) takes
+    a change point when Otava's t-test p-value is below ``history_max_pvalue``."""
 
     confidence: float = Field(0.95, ge=0.5, lt=1, description="of every interval")
     bootstrap_draws: int = Field(1000, ge=100, le=100_000)
     inconclusive: Literal["fail", "warn", "rerun"] = "warn"
     max_reruns: int = Field(2, ge=0, le=50, description="repeats added by 'rerun', at most")
     alpha: float = Field(0.05, gt=0, lt=1, description="distribution gates' significance level")
+    history_max_pvalue: float = Field(
+        0.001, gt=0, lt=1, description="history gates: a change point's significance (Otava's)"
+    )
 
 
 _PROXY_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -206,6 +211,15 @@ class IncidentConfig(_Strict):
     findings: list[GateField] = []
 
 
+class HistoryConfig(_Strict):
+    """Where the runs of a scenario are remembered (``harness.history``): ``path`` of the
+    DuckDB file (default: ``history.duckdb`` in the results folder); ``enabled = false`` keeps
+    no history. ``--history``/``--no-history`` and ``ZEROWINDOW_HISTORY`` come first."""
+
+    path: Path | None = None
+    enabled: bool = True
+
+
 class Scenario(_Strict):
     """A whole experiment. ``proxy`` stands between the clients and the target (default: none).
     ``proxies`` instead lists several proxy configurations: the same workload then runs through
@@ -243,6 +257,7 @@ class Scenario(_Strict):
         "gate on the figures of all of them, with intervals",
     )
     gating: GatingConfig = GatingConfig()
+    history: HistoryConfig = HistoryConfig()
 
     @field_validator("gates")
     @classmethod

@@ -71,7 +71,9 @@ class RunOptions(_Strict):
     it); ``baseline`` is the baseline file of relative gates (default
     ``results/baselines/<scenario>.json``), ``use_baseline=False`` skips them; ``workers``,
     ``remote_workers`` and ``master_bind`` run each group as a Locust master with workers;
-    ``progress`` shows each run live; ``sweep`` makes the plan a sweep."""
+    ``progress`` shows each run live; ``sweep`` makes the plan a sweep; ``history`` is the
+    history file its runs are added to and history gates read (``use_history=False``: none;
+    see :func:`harness.history.history_path`)."""
 
     target_url: str | None = None
     repeats: int | None = Field(None, ge=1, le=100)
@@ -82,11 +84,15 @@ class RunOptions(_Strict):
     master_bind: str = MASTER_BIND
     progress: bool = False
     sweep: SweepSettings | None = None
+    history: Path | None = None
+    use_history: bool = True
 
     @model_validator(mode="after")
     def _one_way_to_baseline(self) -> RunOptions:
         if self.baseline is not None and not self.use_baseline:
             raise ValueError("--baseline and --no-baseline exclude each other")
+        if self.history is not None and not self.use_history:
+            raise ValueError("--history and --no-history exclude each other")
         if self.master_bind != MASTER_BIND and not (self.workers or self.remote_workers):
             raise ValueError(
                 f"--master-bind {self.master_bind} without --workers or --remote-workers: "
