@@ -4,6 +4,7 @@ used by relative gates; the GitHub step summary is appended; progress lines are 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pty
@@ -11,10 +12,12 @@ import signal
 import subprocess
 import time
 import xml.etree.ElementTree as ET
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 
+from harness.history import HistoryStore, folder_entries
 from tests.conftest import REPO, ZEROWINDOW, only_run_dir, run_cli
 
 TINY = """\
@@ -276,10 +279,39 @@ def test_the_example_ci_scenario_passes_its_gates_against_its_committed_baseline
     """scenarios/sim-gates.toml (docs/ci.md) with results/baselines/sim-gates.json."""
     proc = run_cli("run", "scenarios/sim-gates.toml", "--out", str(tmp_path), "--no-progress")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    gates = json.loads((only_run_dir(tmp_path) / "gates.json").read_text())
+    run_dir = only_run_dir(tmp_path)
+    gates = json.loads((run_dir / "gates.json").read_text())
     assert gates["baseline"] == "results/baselines/sim-gates.json"
-    assert len(gates["gates"]) == 6 and all(g["passed"] for g in gates["gates"])
+    assert len(gates["gates"]) == 7 and all(g["passed"] for g in gates["gates"])
+    assert "1 run(s) in its history" in gates["gates"][-1]["reason"]
     assert (REPO / gates["baseline"]).exists()
+    assert f"history: 1 entry added to {tmp_path / 'history.duckdb'}" in proc.stdout
+    # Its history gate, judged again (`zerowindow analyze`) after a past injected into the
+    # history: twelve runs like it pass; twelve runs 40 % faster than it make it a regression.
+    (entry,) = folder_entries(run_dir)
+    measured = entry.figures["fast.ttft_p99_ms"][0]
+    for factor, code in ((1.0, 0), (0.6, 1)):
+        store = tmp_path / "history.duckdb"
+        store.unlink()
+        with HistoryStore(store) as history:
+            start = datetime.fromisoformat(entry.started_utc)
+            history.add(
+                dataclasses.replace(
+                    entry,
+                    entry_id=f"past-{i}",
+                    gates=[],
+                    figures={
+                        "fast.ttft_p99_ms": (measured * factor * (1 + 0.02 * (i % 3)), None, None)
+                    },
+                    started_utc=(start - timedelta(hours=12 - i)).isoformat(),
+                )  # fmt: skip
+                for i in range(12)
+            )
+        again = run_cli("analyze", str(run_dir))
+        assert again.returncode == code, again.stdout + again.stderr
+        history_gate = json.loads((run_dir / "gates.json").read_text())["gates"][-1]
+        assert history_gate["passed"] is (code == 0), history_gate
+        assert "13 runs" in history_gate["reason"], history_gate
 
 
 @pytest.mark.vllm

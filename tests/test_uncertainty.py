@@ -168,7 +168,7 @@ def test_distribution_gate_syntax() -> None:
     assert gate.distribution and gate.relative and gate.within == pytest.approx(0.05)
     assert parse_gate("fast.itl_ms ~ baseline").within == pytest.approx(0.10)
     for text, expected in (
-        ("fast.itl_ms ~ 5", "expected 'baseline' after '~'"),
+        ("fast.itl_ms ~ 5", "expected 'baseline' or 'history' after '~'"),
         ("fast.itl_ms ~ baseline within 5", "expected 'within N%'"),
         ("fast.itl_ms ~ baseline by 5%", "expected 'within N%'"),
     ):

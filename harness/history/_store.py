@@ -72,14 +72,17 @@ class HistoryStore:
             try:
                 self._con = duckdb.connect(str(self.path), read_only=read_only)
                 break
-            except duckdb.IOException as exc:
-                if "lock" not in str(exc).lower() or time.monotonic() > deadline:
-                    raise HistoryError(f"{self.path}: cannot open the history: {exc}") from None
-                time.sleep(0.2)
             except duckdb.Error as exc:
-                raise HistoryError(
-                    f"{self.path}: not a history file (DuckDB cannot read it: {exc}); left as it is"
-                ) from None
+                locked = "lock" in str(exc).lower()
+                if locked and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                    continue
+                why = (
+                    f"held by another process for over {LOCK_WAIT_S:g} s: {exc}"
+                    if locked
+                    else f"not a history file (DuckDB cannot read it: {exc}); left as it is"
+                )
+                raise HistoryError(f"{self.path}: {why}") from None
         try:
             self._check_schema(read_only)
         except BaseException:

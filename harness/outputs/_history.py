@@ -33,7 +33,9 @@ def _points_text(trend: FigureTrend) -> str:
 
 
 def provenance_row(entry: pd.Series) -> dict[str, str]:
-    """One entry's provenance for a person: when, commit, toolkit, target, model, machine."""
+    """One entry's provenance for a person: when, configuration, outcome, the scenario's
+    content (a hash: it changes when the scenario file does), commit, toolkit, target, model,
+    machine."""
     prov: dict[str, Any] = entry["provenance"]
     key: dict[str, Any] = entry["series_key"]
     versions = prov.get("versions", {})
@@ -43,6 +45,7 @@ def provenance_row(entry: pd.Series) -> dict[str, str]:
         "configuration": str(entry["arm"]),
         "status": f"{entry['status']} (exit {entry['exit_code']})",
         "repeats": str(entry["repeats"]),
+        "scenario": str(entry["scenario_hash"])[:8],
         "commit": str(entry["commit_sha"] or "-")[:12],
         "zerowindow": str(versions.get("zerowindow", "-")),
         "target": f"{key.get('target_kind')} {engine}".strip(),
@@ -119,6 +122,7 @@ def trend_figure(trend: FigureTrend) -> go.Figure:
     fig.update_layout(
         title=f"{trend.figure} (worse when {trend.direction})", height=320,
         margin={"l": 50, "r": 20, "t": 40, "b": 40}, xaxis_title="run", showlegend=False,
+        xaxis={"tickformat": "d"},
     )  # fmt: skip
     return fig
 
