@@ -332,6 +332,8 @@ def sweep(
         bool,
         typer.Option("--dry-run", help="print the plan (what would run, with which options)"),
     ] = False,
+    history: HistoryOption = None,
+    no_history: NoHistoryOption = False,
 ) -> None:
     """Run SCENARIO's open-loop groups at rising rates against one target: one request at a
     time, all at once, then rates between (or --rates), with --sla a bisection to the highest
@@ -350,7 +352,10 @@ def sweep(
         )  # fmt: skip
         if sla_on not in ("rate", "concurrency"):
             raise ValueError(f"--sla-on {sla_on!r}: expected rate or concurrency")
-    options = _options(scenario, target_url=target_url, workers=workers, sweep=settings)
+    options = _options(
+        scenario, target_url=target_url, workers=workers, sweep=settings, history=history,
+        use_history=not no_history,
+    )  # fmt: skip
     _run_plan(scenario, config, options, out, dry_run=dry_run)
 
 
@@ -409,6 +414,8 @@ def suite_run(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="print each incident's plan; run nothing")
     ] = False,
+    history: HistoryOption = None,
+    no_history: NoHistoryOption = False,
 ) -> None:
     """Run the incidents in DIRECTORY one after another: one JUnit test case per incident and
     per disconnect-matrix cell in results/suite/<stamp>/junit.xml, a summary table.
@@ -434,6 +441,7 @@ def suite_run(
         planning = {
             "target_url": target_url, "engine_dir": engine_dir, "only": names, "model": model,
             "served_model_name": served_model_name,
+            "options": RunOptions(history=history, use_history=not no_history),
         }  # fmt: skip
         if dry_run:
             plans = plan_suite(directory, target=target, **planning)  # type: ignore[arg-type]

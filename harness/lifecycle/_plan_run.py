@@ -91,9 +91,13 @@ def _arms_body(plan: Plan, base: BaselineFile, history: Path | None) -> Callable
     return body
 
 
-def run_plan(plan: Plan, *, out_root: Path = Path("results")) -> PlanResult:
+def run_plan(
+    plan: Plan, *, out_root: Path = Path("results"), history_root: Path | None = None
+) -> PlanResult:
     """Run ``plan`` (module docstring) under ``out_root/<scenario>/<UTC timestamp>/`` and
-    return its :class:`PlanResult`. Never raises for failures of the target, a proxy, the
+    return its :class:`PlanResult`; its runs are added to the history
+    (:func:`harness.history.history_path`: by default ``history.duckdb`` in ``history_root``,
+    default ``out_root``). Never raises for failures of the target, a proxy, the
     network or the load once something started: they are recorded and set the exit code
     (``harness.lifecycle._exit``). Raises, before anything starts,
     :class:`~zwcore.ScenarioError` for a ``--target-url`` that is no URL, a target that cannot
@@ -105,7 +109,9 @@ def run_plan(plan: Plan, *, out_root: Path = Path("results")) -> PlanResult:
     distribution = distribution_of(options)
     setup = plan_run(plan.scenario, target_url=options.target_url, distribution=distribution)
     base = baseline_for(plan.scenario, options.baseline, use=options.use_baseline)
-    history = history_path(options.history, options.use_history, plan.scenario.history, out_root)
+    history = history_path(
+        options.history, options.use_history, plan.scenario.history, history_root or out_root
+    )
     path = Path(plan.scenario_path) if plan.scenario_path else None
     if plan.single:
         leaf = run_one(

@@ -254,6 +254,7 @@ def run_suite(
     (its case says why). Raises what :func:`plan_suite` raises, before anything starts."""
     plans = plan_suite(directory, target=target, **planning)
     target_url = planning.get("target_url")
+    root = out_root
     folder = out_root / "suite" / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     folder.mkdir(parents=True, exist_ok=True)
     result, entries = SuiteResult(folder), list[dict[str, Any]]()
@@ -262,7 +263,7 @@ def run_suite(
     with signals_raise():
         try:
             for path, plan in plans:
-                done, failure = _run_incident(plan, folder)
+                done, failure = _run_incident(plan, folder, root)
                 entries.append(_entry(plan, path, folder, done, failure))
                 _record(folder, entries, **facts, status="running")
                 result.cases += incident_cases(plan.scenario, done, failure)
@@ -282,9 +283,11 @@ def run_suite(
     return result
 
 
-def _run_incident(plan: Plan, folder: Path) -> tuple[PlanResult | None, str | None]:
+def _run_incident(
+    plan: Plan, folder: Path, history_root: Path
+) -> tuple[PlanResult | None, str | None]:
     try:
-        return run_plan(plan, out_root=folder), None
+        return run_plan(plan, out_root=folder, history_root=history_root), None
     except ScenarioError as exc:  # this stack cannot run it (a namespace, a baseline...)
         return None, f"cannot run against this target: {exc}"
 
