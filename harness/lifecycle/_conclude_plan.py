@@ -196,8 +196,11 @@ def conclude_plan(
     if result.failure is None and result.exit_code:
         result.failure = _why(result)
     data = record.as_dict()
-    data.pop("exit_code", None)  # last, whether the run or a later analyze writes it
-    write_json(folder / PLAN_JSON, {**data, "exit_code": result.exit_code})
+    # Last, whether the run or a later analyze writes them: the exit code, then what the
+    # history took of the plan (harness.lifecycle._history adds it after this).
+    tail = {k: data.pop(k) for k in ("exit_code", "history_added", "history_error") if k in data}
+    tail["exit_code"] = result.exit_code
+    write_json(folder / PLAN_JSON, {**data, "exit_code": result.exit_code, **tail})
     for warning in write_outputs(Concluded(folder, units)):
         print(warning, file=sys.stderr)
     return result
