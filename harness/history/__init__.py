@@ -16,17 +16,15 @@ from pathlib import Path
 
 from harness.history._entries import (
     Entry,
-    Past,
     arm_info,
     entry_id,
     folder_entries,
-    past_of,
     plan_entries,
-    plan_past,
     run_entry,
     series_key,
     series_of,
 )
+from harness.history._past import Past, past_of, plan_past
 from harness.history._store import HistoryStore
 from harness.history._trend import (
     MIN_RUNS,

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -231,42 +230,12 @@ def plan_entries(folder: Path) -> list[Entry]:
     return entries
 
 
-Past = Callable[[str], Sequence[float]]
-
-
-def past_of(path: Path | None, series: str, exclude: str) -> Past | None:
-    """The values of a figure in the runs of ``series`` before this one (``exclude``: its
-    own entry, in case the run was added already), oldest first, from the history at
-    ``path``; a history that is missing is empty. ``None`` without a history. The function
-    raises :class:`~zwcore.HistoryError` for a file that cannot be read."""
-    if path is None:
-        return None
-
-    def values(figure: str) -> list[float]:
-        if not path.is_file():
-            return []
-        from harness.history._store import HistoryStore
-
-        with HistoryStore(path, read_only=True) as store:
-            return [v for _, v in store.series_values(series, figure, exclude=exclude)]
-
-    return values
-
-
 def arm_info(folder: Path, record: PlanRecord, arm: Arm) -> dict[str, Any]:
     """The facts of a plan's configuration ``arm`` for its series and provenance: the plan's
     ``plan.json`` over its first run's ``run.json`` (which adds what only a run records)."""
     runs = record.of_arm(arm)
     first = read_json(folder / runs[0].path / RUN_JSON) if runs else {}
     return {**first, **{k: v for k, v in record.info.items() if v is not None}}
-
-
-def plan_past(history: Path | None, folder: Path, record: PlanRecord, arm: Arm) -> Past | None:
-    """The past of the plan's configuration ``arm`` in ``history`` (:func:`past_of`)."""
-    scenario = record.plan.scenario.model_dump(mode="json")
-    info = arm_info(folder, record, arm)
-    return past_of(history, series_of(scenario, arm.name, info),
-                   entry_id("plan", record.plan.scenario.name, arm.name, record.info))  # fmt: skip
 
 
 def folder_entries(folder: Path, skipped: list[str] | None = None) -> list[Entry]:

@@ -205,11 +205,13 @@ class HistoryStore:
     def series_values(
         self, series: str, figure: str, *, exclude: str | None = None
     ) -> list[tuple[str, float]]:
-        """``(entry_id, value)`` of ``figure`` in every entry of ``series`` (oldest first by
-        start time) that measured it, but ``exclude``."""
+        """``(entry_id, value)`` of ``figure`` in every complete entry of ``series`` (oldest
+        first by start time; a run that failed or was interrupted measured part of its
+        workload) that measured it, but ``exclude``."""
         rows = self._con.execute(
             """SELECT e.entry_id, f.value FROM zw_entries e JOIN zw_figures f USING (entry_id)
                WHERE e.series = ? AND f.figure = ? AND f.value IS NOT NULL
+                 AND e.status = 'complete'
                  AND e.entry_id IS DISTINCT FROM ?
                ORDER BY e.started_utc, e.entry_id""",
             [series, figure, exclude],

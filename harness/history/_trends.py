@@ -66,10 +66,12 @@ def trends(
     max_pvalue: float | None = MAX_PVALUE,
 ) -> list[FigureTrend]:
     """Every figure matching ``figures`` (glob patterns; default: the figures the entries'
-    gates name and :data:`DEFAULT_FIGURES`) over each series of ``scenario``, with its change
+    gates name and :data:`DEFAULT_FIGURES`) over each series of ``scenario`` (its complete
+    runs), with its change
     points (Otava, at ``max_pvalue``; ``None``: none looked for). An empty list when nothing
     matches."""
     entries = store.entries(scenario, since=since)
+    entries = entries[entries["status"] == "complete"]  # others measured part of the workload
     if entries.empty:
         return []
     ids = list(entries["entry_id"])
