@@ -43,6 +43,10 @@ HistoryOption = Annotated[
         "else results/history.duckdb)",
     ),
 ]
+NoHistoryOption = Annotated[
+    bool,
+    typer.Option("--no-history", help="add nothing to the history; history gates are skipped"),
+]
 FigureOption = Annotated[
     list[str] | None,
     typer.Option("--figure", help="figure name or glob (fast.*_p99_ms); repeatable"),

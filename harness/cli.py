@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from harness._cli_bench import bench_app
 from harness._cli_errors import fail, setup_errors
-from harness._cli_history import HistoryOption, history_app
+from harness._cli_history import HistoryOption, NoHistoryOption, history_app
 from harness._cli_plan import show_plan
 from harness._cli_tools import add_tool_commands
 from harness.analysis import parse_goodput
@@ -43,10 +43,6 @@ suite_app = typer.Typer(help="The incident regression suite.", no_args_is_help=T
 app.add_typer(suite_app, name="suite")
 app.add_typer(bench_app, name="bench")
 app.add_typer(history_app, name="history")
-NoHistoryOption = Annotated[
-    bool,
-    typer.Option("--no-history", help="add nothing to the history; history gates are skipped"),
-]
 # What stops `run` before it measures, by the error's class (harness._cli_errors).
 _RUN_TITLES = {
     ScenarioError: "invalid argument",

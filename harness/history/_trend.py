@@ -10,8 +10,11 @@ after it), the interval of that size (Welch's, at ``confidence``) and Otava's p-
 A history gate (``FIGURE ~ history within 10%``) fails when the newest runs lie after change
 points that worsen the figure: the last change points of the series, as long as each worsens
 it, taken together (from the mean of the segment before the first of them to the mean of the
-newest segment) by more than ``within``. Which way is worse follows from the figure's name
-(:func:`worse_direction`).
+newest segment) by more than ``within``, with a change whose interval (Welch's, at
+``confidence``) lies wholly on the worse side, once the newest segment holds
+:data:`MIN_AFTER` runs: Otava finds where the series changed, the interval says whether the
+newest runs differ beyond noise.
+Which way is worse follows from the figure's name (:func:`worse_direction`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ import numpy as np
 from scipy import stats
 
 MIN_RUNS = 6  # fewer values than this: no change point is looked for
+# Runs after a change point before a history gate may fail on it: one run alone cannot tell a
+# step from an outlier (on a shared machine a single run 2x slower is common, bench/RESULTS.md).
+MIN_AFTER = 2
 MAX_PVALUE = 0.001  # Otava's default significance for a change point
 WINDOW = 50  # Otava's default sliding window, in runs
 
@@ -174,14 +180,23 @@ def judge_trend(
     series = np.asarray(values, dtype=float)
     first = points.index(chain[0])
     start = points[first - 1].index if first else 0
-    reference = float(series[start : chain[0].index].mean())
-    newest = float(series[chain[-1].index :].mean())
+    before, now = series[start : chain[0].index], series[chain[-1].index :]
+    reference, newest = float(before.mean()), float(now.mean())
     change = newest / reference - 1 if reference else math.inf
-    failed = abs(change) > within
-    verdict = "beyond" if failed else "within"
+    low, high = _welch(before, now, confidence)
+    beyond = abs(change) > within
+    clear = _worsens(low, direction) and _worsens(high, direction)  # the interval excludes 0
+    failed = beyond and clear and len(now) >= MIN_AFTER
+    verdict = f"{'beyond' if beyond else 'within'} {within:.0%}"
+    if beyond and not failed:
+        verdict += (
+            f", but {len(now)} run after it: the next one tells a step from an outlier"
+            if len(now) < MIN_AFTER
+            else ", but its interval holds no change: noise, not a step"
+        )
     reason = (
-        f"{len(series) - chain[-1].index} newest run(s) after change point(s) at {described}; "
-        f"mean {newest:.6g} against {reference:.6g} before: {_pct(change)}, {verdict} "
-        f"{within:.0%} (worse when {direction}; {n} runs)"
+        f"{len(now)} newest run(s) after change point(s) at {described}; mean {newest:.6g} "
+        f"against {reference:.6g} before: {_pct(change)} [{_pct(low)}, {_pct(high)}], "
+        f"{verdict} (worse when {direction}; {n} runs)"
     )
     return Trend(failed, reason, change, points)
