@@ -125,6 +125,18 @@ def _held_peak(
     return max((p for p, _ in usage), default=0.0), "usage"
 
 
+def _in_bytes(
+    peak: float, kv_cache_blocks: int | None, kv_block_bytes: int | None
+) -> dict[str, int | None]:
+    """``kv_cache_bytes``, the pool in bytes (``kv_cache_blocks`` x ``kv_block_bytes``, the
+    bytes one block takes: ``engine_probe.json``), and ``kv_held_peak_bytes``, the held
+    ``peak`` (0..1 of the pool) in bytes; ``None`` where the engine gave either not."""
+    if not kv_cache_blocks or not kv_block_bytes:
+        return {"kv_held_peak_bytes": None, "kv_cache_bytes": None}
+    pool = kv_cache_blocks * kv_block_bytes
+    return {"kv_held_peak_bytes": round(peak * pool), "kv_cache_bytes": pool}
+
+
 def kv_held_from_requests(
     joined: pd.DataFrame,
     steps: pd.DataFrame,
@@ -156,14 +168,12 @@ def kv_held_from_requests(
     ``kv_held_peak_perc`` (the most KV the held requests kept at once, their
     ``kv_blocks_freed`` over ``kv_cache_blocks``, the engine's pool (``engine_probe.json``):
     ``kv_held_peak_of = "held_blocks"``; without the pool's size, the peak KV usage of the
-    engine's steps over the union, victims admitted meanwhile included: ``"usage"``),
-    ``kv_cache_bytes`` (the pool in bytes: ``kv_cache_blocks`` x ``kv_block_bytes``, the bytes
-    one block takes, ``engine_probe.json``; ``None`` without either) and ``kv_held_peak_bytes``
-    (the held peak in bytes: ``kv_held_peak_perc`` of the pool, ``None`` without its size),
-    ``kv_seconds`` (the engine's KV usage integrated over the union: an upper bound while
-    victims ran), ``victims`` and ``victim_wait_max_ms`` (requests that waited to be scheduled
-    during a held span, and the longest such wait from arrival to first scheduled), counts,
-    and the spread of KV-held-after-generation times.
+    engine's steps over the union, victims admitted meanwhile included: ``"usage"``), the pool
+    and that peak in bytes (:func:`_in_bytes`), ``kv_seconds`` (the engine's KV usage
+    integrated over the union: an upper bound while victims ran), ``victims`` and
+    ``victim_wait_max_ms`` (requests that waited to be scheduled during a held span, and the
+    longest such wait from arrival to first scheduled), counts, and the spread of
+    KV-held-after-generation times.
     """
     done = joined[joined["t_kv_freed"].notna() & joined["t_generation_end"].notna()]
     held_ms = done["kv_held_after_generation_ms"]
@@ -183,7 +193,6 @@ def kv_held_from_requests(
     victim_wait_ms = (victims["t_engine_first_scheduled"] - victims["t_engine_arrival"]) * 1000.0
     status = "held" if len(held) else ("none" if len(lacking_at_free) else "not_observed")
     blocked_ms = done.loc[during, "engine_send_blocked_max_ms"]
-    pool_bytes = kv_cache_blocks * kv_block_bytes if kv_cache_blocks and kv_block_bytes else None
     return {
         "status": status,
         "source": "engine_probe",
@@ -202,8 +211,7 @@ def kv_held_from_requests(
         "kv_held_s": float(sum(b - a for a, b in spans)),
         "kv_held_peak_perc": peak * 100.0,
         "kv_held_peak_of": peak_of,
-        "kv_held_peak_bytes": None if pool_bytes is None else round(peak * pool_bytes),
-        "kv_cache_bytes": pool_bytes,
+        **_in_bytes(peak, kv_cache_blocks, kv_block_bytes),
         "kv_seconds": float(sum(s for _, s in usage)),
         "victims": len(victims),
         "victim_wait_max_ms": float(victim_wait_ms.max()) if len(victims) else None,
