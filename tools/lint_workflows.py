@@ -90,6 +90,9 @@ def check(flows: list[Workflow], program: str) -> tuple[int, list[str]]:
 def main(argv: list[str]) -> int:
     """Check the docs named in ``argv`` (files or folders; default ``docs/``)."""
     targets = [Path(a) for a in argv] or [REPO / "docs"]
+    if missing := [str(t) for t in targets if not t.exists()]:
+        print(f"no such file or folder: {', '.join(missing)}")
+        return 2
     docs = sorted(p for t in targets for p in (t.glob("*.md") if t.is_dir() else [t]))
     program = actionlint()
     if program is None:

@@ -157,16 +157,18 @@ class _ProbeMixin:
         largest group's, aligned (``_get_kv_cache_bytes_per_block`` in
         vllm/v1/core/kv_cache_utils.py; a layer's page is ``block_size`` x KV heads x (K + V
         head size) x dtype bytes, ``AttentionSpec`` in vllm/v1/kv_cache_interface.py). ``None``
-        where vLLM lacks them or its device tensors do not share one size (host-resident
-        tensors, HiSparse's host pool, are not accelerator memory and are left out)."""
+        where vLLM lays its pool out otherwise (older versions gave each tensor an allocation of
+        its own, without ``block_stride``) or its device tensors do not share one size
+        (host-resident tensors, HiSparse's host pool, are no accelerator memory: left out)."""
         try:
             config = self.kv_cache_config  # type: ignore[attr-defined]
             tensors = [t for t in config.kv_cache_tensors if not getattr(t, "host_resident", 0)]
+            shared = all(hasattr(t, "block_stride") for t in tensors)
             sizes = {int(t.size) for t in tensors}
             blocks = int(config.num_blocks)
         except (AttributeError, TypeError, ValueError):
             return None
-        return sizes.pop() // blocks if len(sizes) == 1 and blocks > 0 else None
+        return sizes.pop() // blocks if shared and len(sizes) == 1 and blocks > 0 else None
 
     # -- failure, cost and end ------------------------------------------------------------
 
