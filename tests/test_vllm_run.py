@@ -157,6 +157,11 @@ action = { kind = "stop_reading", after_tokens = 8, hold_s = 8 }
     # The pool the usage is a fraction of: 64 blocks (VLLM_ARGS) less vLLM's null block.
     info = json.loads((run_dir / "run.json").read_text())
     assert info["engine_probe"]["kv_cache_blocks"] == 63
+    # A block in bytes, from vLLM's KV cache config: 32 tokens x 2 layers x 2 KV heads x
+    # (64 + 64) head dims (K and V) x 2 bytes (bfloat16) (harness/servers/_tiny_model.py)
+    assert info["engine_probe"]["kv_block_bytes"] == 32 * 2 * 2 * (64 + 64) * 2
+    assert verdict["kv_cache_bytes"] == 63 * 32 * 2 * 2 * (64 + 64) * 2
+    assert verdict["kv_held_peak_bytes"] == 0  # none held
     assert (requests["engine_kv_blocks_freed"] > 0).all()
 
 

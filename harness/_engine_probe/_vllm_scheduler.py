@@ -128,6 +128,7 @@ class _ProbeMixin:
             "base_class": f"{base.__module__}.{base.__qualname__}",
             "engine_version": vllm.__version__,
             "kv_cache_blocks": self._zw_kv_cache_blocks(),
+            "kv_block_bytes": self._zw_kv_block_bytes(),
         }
         try:
             write_status(out_dir, **self._zw_facts)
@@ -146,6 +147,28 @@ class _ProbeMixin:
             return int(self.kv_cache_manager.block_pool.num_gpu_blocks) - 1  # type: ignore[attr-defined]
         except (AttributeError, TypeError, ValueError):
             return None
+
+    def _zw_kv_block_bytes(self) -> int | None:
+        """Bytes one KV block takes in the pool of one worker (one GPU; with tensor parallelism
+        each rank holds a pool of this size). vLLM allocates the pool as one buffer of
+        ``KVCacheTensor.size`` = bytes per block x ``num_blocks``, which every tensor of the
+        scheduler's ``KVCacheConfig`` shares (``allocate_kv_cache`` in vllm/v1/worker/utils.py);
+        the bytes per block are the ``page_size_bytes`` of a KV cache group's layers summed, the
+        largest group's, aligned (``_get_kv_cache_bytes_per_block`` in
+        vllm/v1/core/kv_cache_utils.py; a layer's page is ``block_size`` x KV heads x (K + V
+        head size) x dtype bytes, ``AttentionSpec`` in vllm/v1/kv_cache_interface.py). ``None``
+        where vLLM lays its pool out otherwise (older versions gave each tensor an allocation of
+        its own, without ``block_stride``) or its device tensors do not share one size
+        (host-resident tensors, HiSparse's host pool, are no accelerator memory: left out)."""
+        try:
+            config = self.kv_cache_config  # type: ignore[attr-defined]
+            tensors = [t for t in config.kv_cache_tensors if not getattr(t, "host_resident", 0)]
+            shared = all(hasattr(t, "block_stride") for t in tensors)
+            sizes = {int(t.size) for t in tensors}
+            blocks = int(config.num_blocks)
+        except (AttributeError, TypeError, ValueError):
+            return None
+        return sizes.pop() // blocks if shared and len(sizes) == 1 and blocks > 0 else None
 
     # -- failure, cost and end ------------------------------------------------------------
 

@@ -39,6 +39,14 @@ class SimConfig(BaseModel):
 
     block_size: int = Field(default=32, ge=1, description="tokens per KV block (page)")
     num_blocks: int = Field(default=64, ge=1, description="KV blocks in the cache")
+    kv_bytes_per_token: int = Field(
+        default=1024,
+        ge=1,
+        description="bytes of KV cache one token takes, over all layers: 2 (K and V) x layers "
+        "x KV heads x head size x dtype bytes, as vLLM's page size (AttentionSpec in "
+        "vllm/v1/kv_cache_interface.py); the default is the tiny model's, 2 x 2 x 2 x 64 x 2 "
+        "(bfloat16). A block takes kv_bytes_per_token x block_size bytes",
+    )
     max_num_seqs: int = Field(default=16, ge=1, description="sequences per batch at most")
     max_num_batched_tokens: int = Field(
         default=8192,
@@ -92,6 +100,11 @@ class SimConfig(BaseModel):
         description="on_delivery only: interval between checks that a finished response "
         "has left the server socket, ms",
     )
+
+    @property
+    def kv_block_bytes(self) -> int:
+        """Bytes one KV block stands for: ``kv_bytes_per_token`` x ``block_size``."""
+        return self.kv_bytes_per_token * self.block_size
 
     @model_validator(mode="after")
     def _fits(self) -> SimConfig:

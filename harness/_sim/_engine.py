@@ -90,7 +90,9 @@ class SimEngine:
         self.scheduler = Scheduler(config)
         self.metrics = SimMetrics(model_name=config.served_model_name)
         self.recorder = (
-            EngineRecorder(engine_dir, kv_cache_blocks=config.num_blocks)
+            EngineRecorder(
+                engine_dir, kv_cache_blocks=config.num_blocks, kv_block_bytes=config.kv_block_bytes
+            )
             if engine_dir is not None
             else None
         )

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 import pandas as pd
 
+from harness.analysis._accelerator import accelerator_summary
 from harness.analysis._engine import (
     combine_verdicts,
     engine_server_figures,
@@ -39,6 +40,7 @@ from harness.analysis._tables import chunks_frame, requests_frame
 from harness.analysis._verdicts import engine_costs, kv_held_verdict
 from harness.collectors import SOCKET_COLUMNS
 from harness.runfolder import (
+    ACCELERATOR,
     CHUNKS,
     ENGINE_PROBE_JSON,
     ENGINE_REQUESTS,
@@ -78,7 +80,8 @@ class RunFacts:
     never reported; ``stalled_flows``: the wire capture's stalled flows (``None`` without a
     capture); ``load_workers``: what became of each Locust worker (``--workers``); ``hops``:
     the proxy's hops as the run probed them (``ProxyHop.describe``: ``index``, ``kind``,
-    ``port``, ``metric_figures`` ...; from the clients' side inward).
+    ``port``, ``metric_figures`` ...; from the clients' side inward); ``accelerator``: the
+    machine's GPUs, or why there are none (``harness.collectors.open_accelerator``).
     """
 
     scenario: Scenario
@@ -94,6 +97,7 @@ class RunFacts:
     placement: dict[str, Any] | None = None  # run.json's "placement" (lifecycle._placement)
     hops: list[dict[str, Any]] = field(default_factory=list)  # run.json's "proxy_hops"
     engine_probe: dict[str, Any] | None = None  # run.json's "engine_probe"
+    accelerator: dict[str, Any] | None = None  # run.json's "accelerator"
 
     def as_dict(self) -> dict[str, Any]:
         """The facts as ``run.json`` keeps them (the scenario is there already)."""
@@ -150,6 +154,7 @@ def read_facts(run_dir: Path) -> RunFacts:
         placement=info.get("placement"),
         engine_probe=probe,
         hops=info.get("proxy_hops") or chain_hops(proxy),
+        accelerator=info.get("accelerator"),
     )
 
 
@@ -231,6 +236,7 @@ def _engine_evidence(
         held_min_ms=verdict_config.kv_held_min_ms,
         unjoined=unjoined,
         kv_cache_blocks=(facts.engine_probe or {}).get("kv_cache_blocks"),
+        kv_block_bytes=(facts.engine_probe or {}).get("kv_block_bytes"),
         blocked_spans=send_blocked_spans(engine_requests, verdict_config.kv_held_min_ms),
     )
     return requests, engine_steps, engine_verdict, None
@@ -319,6 +325,7 @@ def analyze(run_dir: Path, facts: RunFacts | None = None) -> Analysis:
         load_workers=facts.load_workers,
         clock_bound_ms=clock_bound_ms,
         matrix=matrix_cells(scenario.matrix, requests, chunks) if scenario.matrix else [],
+        accelerator=accelerator_summary(read_parquet(run_dir / ACCELERATOR), facts.accelerator),
     )
     return Analysis(summary=summary, requests=requests, chunks=chunks)
 

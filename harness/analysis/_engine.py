@@ -125,6 +125,18 @@ def _held_peak(
     return max((p for p, _ in usage), default=0.0), "usage"
 
 
+def _in_bytes(
+    peak: float, kv_cache_blocks: int | None, kv_block_bytes: int | None
+) -> dict[str, int | None]:
+    """``kv_cache_bytes``, the pool in bytes (``kv_cache_blocks`` x ``kv_block_bytes``, the
+    bytes one block takes: ``engine_probe.json``), and ``kv_held_peak_bytes``, the held
+    ``peak`` (0..1 of the pool) in bytes; ``None`` where the engine gave either not."""
+    if not kv_cache_blocks or not kv_block_bytes:
+        return {"kv_held_peak_bytes": None, "kv_cache_bytes": None}
+    pool = kv_cache_blocks * kv_block_bytes
+    return {"kv_held_peak_bytes": round(peak * pool), "kv_cache_bytes": pool}
+
+
 def kv_held_from_requests(
     joined: pd.DataFrame,
     steps: pd.DataFrame,
@@ -132,6 +144,7 @@ def kv_held_from_requests(
     held_min_ms: float,
     unjoined: int,
     kv_cache_blocks: int | None = None,
+    kv_block_bytes: int | None = None,
     blocked_spans: dict[str, list[tuple[float, float]]] | None = None,
 ) -> dict[str, Any]:
     """The verdict "engine held by undelivered streams" from per-request evidence (``joined``:
@@ -155,11 +168,12 @@ def kv_held_from_requests(
     ``kv_held_peak_perc`` (the most KV the held requests kept at once, their
     ``kv_blocks_freed`` over ``kv_cache_blocks``, the engine's pool (``engine_probe.json``):
     ``kv_held_peak_of = "held_blocks"``; without the pool's size, the peak KV usage of the
-    engine's steps over the union, victims admitted meanwhile included: ``"usage"``),
-    ``kv_seconds`` (the engine's KV usage integrated over the union: an upper bound while
-    victims ran), ``victims`` and ``victim_wait_max_ms`` (requests that waited to be scheduled
-    during a held span, and the longest such wait from arrival to first scheduled), counts,
-    and the spread of KV-held-after-generation times.
+    engine's steps over the union, victims admitted meanwhile included: ``"usage"``), the pool
+    and that peak in bytes (:func:`_in_bytes`), ``kv_seconds`` (the engine's KV usage
+    integrated over the union: an upper bound while victims ran), ``victims`` and
+    ``victim_wait_max_ms`` (requests that waited to be scheduled during a held span, and the
+    longest such wait from arrival to first scheduled), counts, and the spread of
+    KV-held-after-generation times.
     """
     done = joined[joined["t_kv_freed"].notna() & joined["t_generation_end"].notna()]
     held_ms = done["kv_held_after_generation_ms"]
@@ -197,6 +211,7 @@ def kv_held_from_requests(
         "kv_held_s": float(sum(b - a for a, b in spans)),
         "kv_held_peak_perc": peak * 100.0,
         "kv_held_peak_of": peak_of,
+        **_in_bytes(peak, kv_cache_blocks, kv_block_bytes),
         "kv_seconds": float(sum(s for _, s in usage)),
         "victims": len(victims),
         "victim_wait_max_ms": float(victim_wait_ms.max()) if len(victims) else None,
@@ -208,9 +223,19 @@ def _mb(n: float) -> str:
     return f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{n / 1e3:.1f} kB"
 
 
+def _binary(n: float) -> str:
+    """``n`` bytes in GiB, MiB or KiB, as accelerator memory is counted: "1.5 GiB"."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n / 2**10:.1f} KiB"
+
+
 def engine_verdict_line(v: dict[str, Any]) -> str:
     """One sentence for the per-request verdict, e.g. "none held: 24 of 24 requests freed KV
-    within 3 ms of their last generated token; 16 of them still had 5.5 MB undelivered"."""
+    within 3 ms of their last generated token; 16 of them still had 5.5 MB undelivered"; a
+    held peak is given in bytes of accelerator memory too where the engine gave the size of its
+    blocks ("peak KV 87.5 % = 1.7 MiB")."""
     head = "KV held by undelivered streams"
     n, held = v["requests"], v["requests_held"]
     lacking, nbytes = v["requests_undelivered_at_kv_free"], v["undelivered_bytes_at_kv_free"]
@@ -232,9 +257,11 @@ def engine_verdict_line(v: dict[str, Any]) -> str:
                 f"; {v['victims']} request(s) queued behind them, up to "
                 f"{v['victim_wait_max_ms']:.0f} ms"
             )
+        held_bytes = v.get("kv_held_peak_bytes")
+        size = "" if held_bytes is None else f" = {_binary(held_bytes)}"
         return (
             f"{head}: HELD: {held} of {n} requests {how}; {v['kv_held_s']:.1f} s in all, "
-            f"peak KV {v['kv_held_peak_perc']:.1f} %){queued}"
+            f"peak KV {v['kv_held_peak_perc']:.1f} %{size}){queued}"
         )
     within = v["kv_held_after_generation_max_ms"]
     within = within or 0.0  # "within": rounded up, never below what was measured

@@ -1,7 +1,8 @@
 """Collectors: what the run samples while the load runs: the server's ``/metrics`` (read by the
-run's target, with its kind's own metric names), its TCP sockets (``inet_diag``) and the
-proxy's memory, buffers and sockets."""
+run's target, with its kind's own metric names), its TCP sockets (``inet_diag``), the
+proxy's memory, buffers and sockets, and the machine's GPUs (NVML)."""
 
+from harness.collectors._accelerator import AcceleratorSampler, gpu_row, open_accelerator
 from harness.collectors._collectors import (
     SOCKET_COLUMNS,
     MetricsReader,
@@ -19,6 +20,9 @@ from harness.collectors._proxy_probe import (
 )
 
 __all__ = [
+    "AcceleratorSampler",
+    "gpu_row",
+    "open_accelerator",
     "procs_rss_bytes",
     "SOCKET_COLUMNS",
     "MetricsReader",

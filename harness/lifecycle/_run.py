@@ -23,11 +23,13 @@ import pandas as pd
 from harness.analysis import RunFacts
 from harness.collectors import (
     SOCKET_COLUMNS,
+    AcceleratorSampler,
     MetricsScraper,
     ProxyProbe,
     SocketSampler,
     SocketTables,
     collect_engine_tables,
+    open_accelerator,
 )
 from harness.lifecycle._distributed import (
     EXPECT_WORKERS_MAX_WAIT_S,
@@ -43,6 +45,8 @@ from harness.lifecycle._progress import RunProgress
 from harness.lifecycle._runinfo import ci_facts, harness_process, host_facts, versions
 from harness.lifecycle._signals import RunInterrupted, signals_raise
 from harness.runfolder import (
+    ACCELERATOR,
+    ACCELERATOR_COLUMNS,
     ERROR_LOG,
     PROXY,
     RUN_JSON,
@@ -105,6 +109,7 @@ class RunLifecycle:
         self.loads: list[LoadProcess] = []
         self.scraper: MetricsScraper | None = None
         self.sockets: SocketSampler | None = None
+        self.accelerator: AcceleratorSampler | None = None
         self.status = "complete"
         self.failure: str | None = None
         self.setup_failed = False
@@ -244,6 +249,10 @@ class RunLifecycle:
         """The whole life cycle: start, load, wait, and in every case release everything and
         write the samples. Returns the :class:`~harness.analysis.RunFacts` for analysis;
         never raises for failures of the target, the proxy, the network or the load."""
+        interval_s = self.scenario.collectors.metrics_interval_s
+        self.info["accelerator"], self.accelerator = open_accelerator(interval_s=interval_s)
+        if self.accelerator is not None:
+            self.accelerator.start()
         write_json(self.run_dir / RUN_JSON, self.info)
         started = False
         with signals_raise() as received, pinned_to_load(self.placement):
@@ -287,7 +296,7 @@ class RunLifecycle:
             groups = [g.name for g in self.scenario.groups]
             netns = [self.network.group_netns(g) for g in groups] if self.network else []
             release_vanished(self.run_dir, [None, *netns])
-        for sampler in (self.scraper, self.sockets, *self.probes):
+        for sampler in (self.scraper, self.sockets, self.accelerator, *self.probes):
             if sampler is not None:
                 sampler.stop()
         self.proxy.stop()
@@ -315,6 +324,7 @@ class RunLifecycle:
         if self.probes:  # a proxy stood in between: its hops' samples, in time order
             rows = sorted((r for p in self.probes for r in p.rows), key=lambda r: r["t"])
             write_parquet(pd.DataFrame(rows), self.run_dir / PROXY)
+        self._write_accelerator()
         self.workers = [w for ld in self.loads for w in worker_reports(ld, self.run_dir)]
         died = [w.message for w in self.workers if w.status != "finished"]
         died += [m for ld, code in zip(self.loads, ended, strict=True) if (m := ld.death(code))]
@@ -322,6 +332,16 @@ class RunLifecycle:
             self.status, self.failure = "failed", "; ".join(died)
         self.duration_s = time.monotonic() - self.t_start
         return self._facts()
+
+    def _write_accelerator(self) -> None:
+        """The GPUs' samples, where there are GPUs; a sampling that NVML ended is a warning."""
+        if (gpus := self.accelerator) is None:
+            return
+        rows = pd.DataFrame(gpus.rows, columns=list(ACCELERATOR_COLUMNS))
+        write_parquet(rows, self.run_dir / ACCELERATOR)
+        if gpus.error is not None:
+            self.info["accelerator"]["sampling_error"] = gpus.error
+            print(f"warning: {gpus.error}", file=sys.stderr)
 
     def _engine_tables(self) -> dict[str, Any]:
         """Bring the engine's own tables into the run folder; ``run.json``'s
@@ -347,6 +367,7 @@ class RunLifecycle:
             placement=self.placement.describe(),
             engine_probe=self.info.get("engine_probe"),
             hops=list(self.info.get("proxy_hops", [])),
+            accelerator=self.info.get("accelerator"),
         )
 
 

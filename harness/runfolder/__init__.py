@@ -17,6 +17,7 @@ from harness.runfolder._figures import (
     sample_of,
 )
 from harness.runfolder._files import (
+    ACCELERATOR,
     BASELINE_JSON,
     CHUNKS,
     COMPARISON_JSON,
@@ -49,7 +50,10 @@ from harness.runfolder._files import (
 )
 from harness.runfolder._io import read_json, read_parquet, to_builtin, write_json, write_parquet
 from harness.runfolder._schema import (
+    ACCELERATOR_COLUMNS,
     PROBE_COLUMNS,
+    AcceleratorSummary,
+    GpuSummary,
     GroupSummary,
     HopSummary,
     LoadWorker,
@@ -64,6 +68,10 @@ from harness.runfolder._schema import (
 )
 
 __all__ = [
+    "ACCELERATOR",
+    "ACCELERATOR_COLUMNS",
+    "AcceleratorSummary",
+    "GpuSummary",
     "IMPACT_DIFFERENCES",
     "IMPACT_FIGURES",
     "CHUNKS",

@@ -13,8 +13,13 @@ Names (units in the name, as in ``summary.json``):
   single proxy is hop 0): its sizes (:data:`HOP_FIELDS`: ``proxy.hop1.rss_peak_bytes``) and its
   own metrics by the names ``summary.json`` gives them (``proxy.hop0.requests``,
   ``proxy.hop1.open_connections_peak``); ``None`` for a hop the run did not have;
+- ``accelerator.<field>`` for every numeric field of
+  :class:`~harness.runfolder.AcceleratorSummary` (``accelerator.memory_used_peak_bytes``):
+  ``None`` where the run had no GPU to sample;
 - run-level figures: ``duration_s``, ``client_saturated`` (1 or 0), and the KV-held verdict's
-  ``kv_held_after_finish_s``, ``kv_held_peak_perc``, ``kv_seconds``,
+  ``kv_held_after_finish_s``, ``kv_held_peak_perc``, ``kv_held_peak_bytes`` and
+  ``kv_cache_bytes`` (the held peak and the engine's KV pool in bytes: ``None`` where the
+  engine did not give the size of its blocks), ``kv_seconds``,
   ``undelivered_peak_bytes``, ``engine_held`` (1 when the verdict says HELD, else 0),
   ``engine_held_victims`` and ``victim_wait_max_ms`` (requests queued behind a held engine,
   and their longest wait to be scheduled) (``None`` when no ``/metrics`` scrape succeeded).
@@ -43,6 +48,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from harness.runfolder._schema import (
+    AcceleratorSummary,
     GroupSummary,
     HopSummary,
     ProxySummary,
@@ -55,6 +61,8 @@ from loadgen import OUTCOMES
 _KV_VERDICT = {
     "kv_held_after_finish_s": "kv_held_s",
     "kv_held_peak_perc": "kv_held_peak_perc",
+    "kv_held_peak_bytes": "kv_held_peak_bytes",
+    "kv_cache_bytes": "kv_cache_bytes",
     "kv_seconds": "kv_seconds",
     "undelivered_peak_bytes": "undelivered_peak_bytes",
     "engine_held_victims": "victims",
@@ -110,6 +118,7 @@ def figure_names(groups: Iterable[str]) -> list[str]:
     names = list(RUN_FIGURES)
     names += [f"server.{f}" for f in numeric_fields(ServerSummary)]
     names += [f"proxy.{f}" for f in numeric_fields(ProxySummary)]
+    names += [f"accelerator.{f}" for f in numeric_fields(AcceleratorSummary)]
     for g in groups:
         names += [f"{g}.{f}" for f in numeric_fields(GroupSummary)]
         names += [f"{g}.outcome.{o}" for o in OUTCOMES]
@@ -172,6 +181,9 @@ def figures(summary: RunSummary) -> dict[str, float | None]:
         out[f"server.{f}"] = _float(getattr(summary.server, f))
     for f in numeric_fields(ProxySummary):
         out[f"proxy.{f}"] = None if summary.proxy is None else _float(getattr(summary.proxy, f))
+    gpus = summary.accelerator
+    for f in numeric_fields(AcceleratorSummary):
+        out[f"accelerator.{f}"] = None if gpus is None else _float(getattr(gpus, f))
     for hop in summary.proxy.hops if summary.proxy is not None else []:
         prefix = f"proxy.hop{hop.index}."
         out.update({prefix + f: _float(getattr(hop, f)) for f in HOP_FIELDS})

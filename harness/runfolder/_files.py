@@ -37,6 +37,7 @@ SERVER_METRICS = "server_metrics.parquet"
 SOCKETS = "sockets.parquet"
 PROXY = "proxy.parquet"
 WIRE = "wire.parquet"
+ACCELERATOR = "accelerator.parquet"  # the GPUs' NVML samples, where the machine has GPUs
 ENGINE_STEPS = STEPS_FILE  # written by the engine (probe or emulator)
 ENGINE_REQUESTS = REQUESTS_FILE
 ENGINE_PROBE_JSON = STATUS_FILE

@@ -355,6 +355,40 @@ class MatrixCell(BaseModel):
         return out
 
 
+ACCELERATOR_COLUMNS = (
+    "t", "gpu", "memory_used_bytes", "memory_total_bytes", "gpu_utilization_perc",
+    "memory_utilization_perc",
+)  # fmt: skip
+"""Columns of ``accelerator.parquet``, one row per GPU and sample (NVML: ``harness.collectors``):
+``t`` (monotonic s), ``gpu`` (NVML's device index), memory used and total (bytes), and the
+percent of the sample period in which a kernel ran and in which device memory was read or
+written (``None`` where the GPU does not report them)."""
+
+
+class GpuSummary(BaseModel):
+    """One GPU over the run, from its samples in ``accelerator.parquet``; ``name`` and ``uuid``
+    from ``run.json``'s ``accelerator``. Sizes in bytes, utilization in percent (``None`` where
+    the GPU did not report it)."""
+
+    index: int
+    name: str | None
+    uuid: str | None
+    memory_total_bytes: int
+    memory_used_peak_bytes: int
+    gpu_utilization_mean_perc: float | None
+    samples: int
+
+
+class AcceleratorSummary(BaseModel):
+    """The GPUs of the machine the run ran on, where it has any (``None`` in
+    :attr:`RunSummary.accelerator` where it has none). ``memory_used_peak_bytes``: the most
+    memory one GPU had in use at a sample, the largest of the GPUs' peaks (all processes', not
+    only the target's: NVML counts device memory, not owners)."""
+
+    memory_used_peak_bytes: int
+    gpus: list[GpuSummary]
+
+
 class RunSummary(BaseModel):
     """The whole run's summary, as written to ``summary.json``."""
 
@@ -375,3 +409,4 @@ class RunSummary(BaseModel):
     # when every load process shared the harness's clock.
     clock_bound_ms: float | None = None
     matrix: list[MatrixCell] = []  # the disconnect matrix's control window and cells, in order
+    accelerator: AcceleratorSummary | None = None  # None: no GPU, or no sample of one

@@ -202,12 +202,26 @@ def _context(data: RunData) -> dict[str, Any]:
         "server": server,
         "other": [(k, flatten(v)) for k, v in other.items()],
         "versions": list((info.get("versions") or {}).items()),
-        "host": list((info.get("host") or {}).items()),
+        "host": list((info.get("host") or {}).items()) + _accelerator(info.get("accelerator")),
         "commands": commands,
         "scenario_text": _scenario_text(data),
         "zw_version": (info.get("versions") or {}).get("zerowindow", "?"),
         "plotly_js": Markup(plotly_js()),
     }
+
+
+def _accelerator(facts: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """The host table's ``accelerator`` row from ``run.json``'s ``accelerator``: its GPUs and
+    driver, or why there are none (no row for a run folder from before it was recorded)."""
+    if not isinstance(facts, dict):
+        return []
+    if not facts.get("present"):
+        return [("accelerator", f"none ({facts.get('reason')})")]
+    gpus = ", ".join(
+        f"{g.get('index')}: {g.get('name')} ({g.get('memory_total_bytes', 0) / 2**30:.1f} GiB)"
+        for g in facts.get("gpus", [])
+    )
+    return [("accelerator", f"{gpus}; NVIDIA driver {facts.get('driver')}")]
 
 
 def render_report(run_dir: Path) -> str:
