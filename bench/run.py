@@ -16,6 +16,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from _egress_levers import LEVERS, measure  # bench/ is sys.path[0]
 from _llamacpp_probe_bench import trial as llamacpp_trial
@@ -485,6 +486,66 @@ def _levers_section() -> list[str]:
     ]
 
 
+def _history_section() -> list[str]:
+    runs, step_at, cost_runs = 60, 31, 1000
+    command = (
+        f"python bench/_history_bench.py --runs {runs} --step-at {step_at} "
+        f"--cost-runs {cost_runs} --json bench/history_series.json"
+    )
+    load = _load()
+    subprocess.run([sys.executable, *command.split()[1:]], check=True, cwd=ROOT.parent)
+    return history_lines(json.loads((ROOT / "history_series.json").read_text()), command, load)
+
+
+def history_lines(data: dict[str, Any], command: str, load: str) -> list[str]:
+    """The history section of RESULTS.md from ``bench/_history_bench.py``'s JSON."""
+    from harness.history import change_points, judge_trend
+
+    rows = []
+    for name in ("aa", "step"):
+        for figure, values in data[name]["values"].items():
+            fails = [n for n in range(6, len(values) + 1)
+                     if judge_trend(values[:n], figure, within=0.10).failed]  # fmt: skip
+            points = "; ".join(
+                f"run {p.index + 1}: {p.change * 100:+.1f}% [{p.low * 100:+.1f}, "
+                f"{p.high * 100:+.1f}], p={p.p_value:.2g}"
+                for p in change_points(values)
+            )
+            rows.append(
+                f"| {'A/A' if name == 'aa' else 'step at run ' + str(data[name]['step_at'])} | "
+                f"`{figure}` | {points or 'none'} | {fails[0] if fails else '-'} | "
+                f"{len(fails)} of {len(values) - 5} |"
+            )
+    cost = data["cost"]
+    return [
+        "## History: change points on real runs, and the store's cost",
+        "",
+        "Two series of 60 short runs of one scenario on the engine emulator (4 users x 3 "
+        "requests of 100 tokens; each run started its own emulator and added itself to its own "
+        "history as `zerowindow run` does): A/A, and a step series whose engine is 15 % slower "
+        "per step (`step_fixed_ms`, `decode_ms_per_seq`, `prefill_ms_per_token` x 1.15) from "
+        "run 31 on. Change points: Apache Otava on the whole series (p < 0.001). First failing "
+        "run: the first run whose own gate `FIGURE ~ history within 10%` fails, judged on the "
+        "runs up to it; failing runs: how many of runs 6..60 fail it.",
+        "",
+        f"Command: `{command}`",
+        "",
+        load,
+        "",
+        "| series | figure | change points (size [95% interval], p) | first failing run | "
+        "failing runs |",
+        "| --- | --- | --- | ---: | ---: |",
+        *rows,
+        "",
+        f"Cost at {cost['entries']:,} runs ({cost['figures_per_entry']} figures each, "
+        f"{cost['file_bytes'] / 2**20:.1f} MiB file): adding one run {cost['add_one_s']:.3f} s "
+        f"(the end of every run); `history show` (read, change points on "
+        f"{cost['show_figures']} figures, history.html) {cost['show_s']:.2f} s; filling the "
+        f"{cost['entries'] - 1:,} runs in one transaction {cost['fill_s']:.2f} s.",
+        "",
+    ]
+
+
 SECTIONS = {
     "sim": _sim_section,
     "proxies": _proxy_section,
@@ -495,6 +556,7 @@ SECTIONS = {
     "llamacpp-probe": _llamacpp_probe_section,
     "openloop": _openloop_section,
     "gates": _gates_section,
+    "history": _history_section,
 }
 
 

@@ -84,6 +84,10 @@ def test_an_improvement_or_a_change_within_the_tolerance_passes():
     small = _series(1, step_at=31, step=1.05)
     assert not judge_trend(small, "fast.ttft_p99_ms", within=0.10).failed
     assert judge_trend(small, "fast.ttft_p99_ms", within=0.02).failed
+    recovering = _series(4, step_at=31, step=1.2)
+    recovering[44:] = [v * 0.97 for v in recovering[44:]]  # a small recovery is no fix
+    trend = judge_trend(recovering, "fast.ttft_p99_ms", within=0.10)
+    assert trend.failed and "run 31" in trend.reason, trend.reason
     lower = _series(2, step_at=31, step=0.8)  # throughput falling by 20 %
     assert judge_trend(lower, "fast.output_tokens_per_s", within=0.10).failed
     assert not judge_trend(_series(3)[:5], "x_ms", within=0.1).points  # too few runs

@@ -9,8 +9,9 @@ after it), the interval of that size (Welch's, at ``confidence``) and Otava's p-
 
 A history gate (``FIGURE ~ history within 10%``) fails when the newest runs lie after change
 points that worsen the figure: the last change points of the series, as long as each worsens
-it, taken together (from the mean of the segment before the first of them to the mean of the
-newest segment) by more than ``within``, with a change whose interval (Welch's, at
+it (with any between them that improve it by less than ``within``), taken together (from the
+mean of the segment before the first of them to the mean of the newest segment) by more than
+``within``, with a change whose interval (Welch's, at
 ``confidence``) lies wholly on the worse side, once the newest segment holds
 :data:`MIN_AFTER` runs: Otava finds where the series changed, the interval says whether the
 newest runs differ beyond noise.
@@ -164,11 +165,15 @@ def judge_trend(
                      f"{MIN_RUNS}", None, [])  # fmt: skip
     points = change_points(values, max_pvalue=max_pvalue, confidence=confidence)
     direction = worse_direction(figure)
+    # The trailing change points that worsen the figure, and any between them that improve it
+    # by less than the tolerance (a regression followed by a small recovery is still one).
     chain: list[ChangePoint] = []
     for cp in reversed(points):
-        if not _worsens(cp.change, direction):
+        if not _worsens(cp.change, direction) and abs(cp.change) > within:
             break
         chain.insert(0, cp)
+    while chain and not _worsens(chain[0].change, direction):
+        chain.pop(0)
     described = "; ".join(
         f"run {cp.index + 1}: {_pct(cp.change)} [{_pct(cp.low)}, {_pct(cp.high)}], "
         f"p = {cp.p_value:.2g}"
