@@ -208,7 +208,8 @@ def test_unknown_figure_exits_2_listing_the_valid_names(tmp_path):
     )
     assert "did you mean 'fast.ttft_p99_ms'" in proc.stderr
     assert (
-        "valid figures: client_saturated, duration_s, engine_held, engine_held_victims, fast."
+        "valid figures: accelerator.memory_used_peak_bytes, client_saturated, duration_s, "
+        "engine_held, engine_held_victims, fast."
         in proc.stderr
     )
 
