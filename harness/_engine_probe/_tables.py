@@ -1,7 +1,7 @@
 """The engine's own tables, ``engine_steps.parquet`` and ``engine_requests.parquet``, written by
 the engine process (vLLM through the probe, the emulator natively) into the run folder.
 
-Columns are listed in ``results/README.md``; times are CLOCK_MONOTONIC seconds
+Columns are listed in ``docs/run-folder.md``; times are CLOCK_MONOTONIC seconds
 (``time.monotonic()``), the clock of the client records, so that a request's engine and client
 times compare directly on one machine. This module needs only the standard library and
 pyarrow: it runs inside the engine's interpreter.

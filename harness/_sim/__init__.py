@@ -11,7 +11,7 @@ neither in ``vllm:num_requests_running`` nor in ``vllm:num_requests_waiting``;
 ``sim:num_requests_held_for_delivery`` and ``sim:kv_blocks_held_for_delivery`` count them.
 
 Like vLLM with the engine probe, it writes the engine's own tables (``engine_steps.parquet``,
-``engine_requests.parquet``, ``engine_probe.json``; ``results/README.md``) into a folder when
+``engine_requests.parquet``, ``engine_probe.json``; ``docs/run-folder.md``) into a folder when
 given one: ``engine_dir`` of ``create_app``/``serve``/``SimServer``, or ``--engine-dir`` /
 ``$ZEROWINDOW_ENGINE_DIR`` on the command line. Ids are vLLM's: a stream's ``id`` is
 ``cmpl-<X-Request-Id or 16 hex>`` (``chatcmpl-...``), the engine's ``<id>-0-<8 hex>``

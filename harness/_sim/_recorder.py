@@ -1,6 +1,6 @@
 """The emulator's engine tables: ``engine_steps.parquet``, ``engine_requests.parquet`` and
 ``engine_probe.json``, the same files vLLM writes through the engine probe
-(``harness._engine_probe``; columns in ``results/README.md``).
+(``harness._engine_probe``; columns in ``docs/run-folder.md``).
 
 The engine (``_engine.SimEngine``) calls :meth:`EngineRecorder.step` after every completed
 step and :meth:`EngineRecorder.request` when a request's KV blocks went back to the pool for

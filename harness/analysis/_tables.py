@@ -1,7 +1,7 @@
 """Run tables: records, chunks, server metrics and socket samples as pandas DataFrames.
 
 The run folder keeps them as Parquet (``requests.parquet``, ``chunks.parquet``,
-``server_metrics.parquet``, ``sockets.parquet``); ``results/README.md`` lists their columns.
+``server_metrics.parquet``, ``sockets.parquet``); ``docs/run-folder.md`` lists their columns.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The run folder's file names, each defined once, and where a run folder is made.
 
-``results/README.md`` says what each file holds. Per-group files of the load processes
+``docs/run-folder.md`` says what each file holds. Per-group files of the load processes
 (``records-<group>[@<worker>].jsonl``, ``saturation-...``) are named by ``loadgen``, which
 writes them.
 """

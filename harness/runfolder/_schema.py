@@ -1,6 +1,6 @@
 """The schema of ``summary.json``: a run's figures per user group, of the server, of the proxy,
 of the load processes, and its verdicts. Latencies in ms, rates in tokens/s, sizes in bytes,
-KV usage in percent (``results/README.md`` lists every field).
+KV usage in percent (``docs/run-folder.md`` lists every field).
 
 These models are the figure namespace (:mod:`harness.runfolder._figures`): gates, baselines,
 comparisons and reports all read a run through them; :mod:`harness.analysis` fills them.

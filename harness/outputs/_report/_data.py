@@ -1,6 +1,6 @@
 """Reading a run folder for the report and the comparison, and the series they plot.
 
-Every ``t`` of a run folder is CLOCK_MONOTONIC seconds (``results/README.md``); the report
+Every ``t`` of a run folder is CLOCK_MONOTONIC seconds (``docs/run-folder.md``); the report
 plots seconds since the first measurement (the first scrape, socket sample or request).
 """
 
@@ -36,7 +36,7 @@ class ReportError(RunFolderError):
 
 @dataclass
 class RunData:
-    """One run folder, read. Frames have the columns listed in ``results/README.md``; a
+    """One run folder, read. Frames have the columns listed in ``docs/run-folder.md``; a
     table that is missing from the folder is an empty frame. ``t0`` (monotonic s) is the
     origin of the report's time axis: the first scrape, socket sample or request.
     ``engine_requests`` and ``engine_steps`` are the engine's own tables (empty for a
