@@ -70,25 +70,3 @@ def test_the_command_prints_the_schema_with_a_plugins_kinds():
     schema = json.loads(done.stdout)
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     assert '"const": "sip"' in done.stdout  # the plugin's read behaviour
-
-
-def test_the_readme_tour_is_a_valid_scenario(tmp_path):
-    from harness.scenario import load_scenario
-
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    blocks = readme.split("```toml\n")[1:]
-    assert blocks, "README.md has no TOML example"
-    path = tmp_path / "tour.toml"
-    path.write_text(blocks[0].split("```", 1)[0])
-    scenario = load_scenario(path)
-    assert scenario.proxy.kind == "nginx" and scenario.groups[0].network_profile == "3g"
-
-
-def test_the_readme_open_loop_group_is_valid():
-    from loadgen import UserGroupConfig
-
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    block = readme.split("```toml\n")[2].split("```", 1)[0]
-    [group] = tomllib.loads(block)["groups"]
-    config = UserGroupConfig(**group)
-    assert config.open_loop and config.max_tokens.kind == "uniform"  # type: ignore[union-attr]

@@ -1,0 +1,129 @@
+"""Docs that cannot go stale: every shell block of the tutorials and how-to guides (the site's
+nav, mkdocs.yml) runs, and every TOML block of docs/ loads as a scenario, so a renamed option,
+field or flag fails here.
+
+Markers, an HTML comment on the line just before a block (the page says why in its text too):
+``<!-- docs-test: skip: WHY -->`` a shell block that cannot run here (a GPU runner's, another
+machine's), or a TOML block naming files of the reader's own (then only parsed as TOML); ``<!-- docs-test: file PATH -->`` a block the reader saves as PATH, written into
+the page's folder before its shell blocks run; ``<!-- docs-test: fragment -->`` a TOML block
+that is part of a scenario, loaded merged into a minimal one.
+
+A page's shell blocks run in order, as one bash script (``set -e``: the first failing command
+fails it), in a fresh folder holding ``scenarios/`` and ``models/``, with the venv's ``bin`` on
+``PATH`` and this checkout first on ``PYTHONPATH``. A background job a page leaves running is
+killed at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.scenario import parse_scenario
+from tests.conftest import REPO
+
+DOCS = REPO / "docs"
+_BLOCK = re.compile(
+    r"(?:^<!-- docs-test: (?P<marker>[^>]*?) -->\n)?^```(?P<lang>\w*)\n(?P<body>.*?)^```$",
+    re.M | re.S,
+)
+# The scenario a TOML fragment is merged into.
+_BASE = """name = "fragment"
+[target]
+kind = "sim"
+served_model_name = "sim"
+[[groups]]
+name = "fast"
+users = 1
+requests_per_user = 1
+[[groups]]
+name = "stalled"
+users = 1
+requests_per_user = 1
+"""
+
+
+@dataclass(frozen=True)
+class Block:
+    page: str
+    line: int
+    lang: str
+    body: str
+    marker: str  # "" when unmarked
+
+    @property
+    def where(self) -> str:
+        return f"docs/{self.page}:{self.line}"
+
+
+def blocks(page: str) -> list[Block]:
+    text = (DOCS / page).read_text(encoding="utf-8")
+    return [
+        Block(page, text.count("\n", 0, m.start("lang")) + 1, m["lang"], m["body"], m["marker"] or "")
+        for m in _BLOCK.finditer(text)
+    ]
+
+
+def _nav_pages(section: str) -> list[str]:
+    nav = yaml.safe_load((REPO / "mkdocs.yml").read_text(encoding="utf-8"))["nav"]
+    [entries] = [item[section] for item in nav if isinstance(item, dict) and section in item]
+    return [page for entry in entries for page in entry.values()]
+
+
+RUN_PAGES = _nav_pages("Tutorials") + _nav_pages("How-to guides")
+TOML_BLOCKS = [
+    b for page in sorted(p.name for p in DOCS.glob("*.md")) for b in blocks(page) if b.lang == "toml"
+]
+
+
+def test_markers_are_known():
+    for page in sorted(p.name for p in DOCS.glob("*.md")):
+        for b in blocks(page):
+            assert re.fullmatch(r"|skip: .+|file \S+|fragment", b.marker), f"{b.where}: {b.marker}"
+
+
+@pytest.mark.parametrize("block", TOML_BLOCKS, ids=lambda b: b.where)
+def test_toml_block_is_a_scenario(block: Block, tmp_path: Path) -> None:
+    import tomllib
+
+    path = tmp_path / "doc.toml"
+    if block.marker.startswith("skip:"):
+        tomllib.loads(block.body)  # TOML at least
+    elif block.marker == "fragment":
+        parse_scenario(_BASE, path=path, overrides=tomllib.loads(block.body))
+    else:
+        parse_scenario(block.body, path=path)
+
+
+def _script(page: str, folder: Path) -> str:
+    lines = ["set -euo pipefail", "trap 'kill $(jobs -p) 2>/dev/null || true' EXIT"]
+    for b in blocks(page):
+        if b.marker.startswith("file "):
+            target = folder / b.marker.removeprefix("file ")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(b.body, encoding="utf-8")
+        elif b.lang == "sh" and not b.marker.startswith("skip:"):
+            lines += [f"echo '### {b.where}' >&2", b.body]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("page", RUN_PAGES)
+def test_the_pages_commands_run(page: str, tmp_path: Path) -> None:
+    script = _script(page, tmp_path)
+    for name in ("scenarios", "models"):
+        (tmp_path / name).symlink_to(REPO / name)
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    done = subprocess.run(
+        ["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    tail = (done.stdout[-3000:] + "\n" + done.stderr[-3000:]).strip()
+    assert done.returncode == 0, f"docs/{page}: a command failed (exit {done.returncode}):\n{tail}"
