@@ -90,7 +90,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy zwcore loadgen netem harness tools
 	$(VENV)/bin/lint-imports
 	$(PY) tools/lint_workflows.py
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 # The documentation site (mkdocs.yml, docs/) into site/; tests/test_docs.py runs its commands.
 docs: $(STAMP)

@@ -4,9 +4,10 @@ field or flag fails here.
 
 Markers, an HTML comment on the line just before a block (the page says why in its text too):
 ``<!-- docs-test: skip: WHY -->`` a shell block that cannot run here (a GPU runner's, another
-machine's), or a TOML block naming files of the reader's own (then only parsed as TOML); ``<!-- docs-test: file PATH -->`` a block the reader saves as PATH, written into
-the page's folder before its shell blocks run; ``<!-- docs-test: fragment -->`` a TOML block
-that is part of a scenario, loaded merged into a minimal one.
+machine's), or a TOML block naming files of the reader's own (then only parsed as TOML);
+``<!-- docs-test: file PATH -->`` a block the reader saves as PATH, written into the page's
+folder before its shell blocks run; ``<!-- docs-test: fragment -->`` a TOML block that is part
+of a scenario, loaded merged into a minimal one.
 
 A page's shell blocks run in order, as one bash script (``set -e``: the first failing command
 fails it), in a fresh folder holding ``scenarios/`` and ``models/``, with the venv's ``bin`` on
@@ -65,10 +66,11 @@ class Block:
 
 def blocks(page: str) -> list[Block]:
     text = (DOCS / page).read_text(encoding="utf-8")
-    return [
-        Block(page, text.count("\n", 0, m.start("lang")) + 1, m["lang"], m["body"], m["marker"] or "")
-        for m in _BLOCK.finditer(text)
-    ]
+    found = []
+    for m in _BLOCK.finditer(text):
+        line = text.count("\n", 0, m.start("lang")) + 1
+        found.append(Block(page, line, m["lang"], m["body"], m["marker"] or ""))
+    return found
 
 
 def _nav_pages(section: str) -> list[str]:
@@ -78,15 +80,17 @@ def _nav_pages(section: str) -> list[str]:
 
 
 RUN_PAGES = _nav_pages("Tutorials") + _nav_pages("How-to guides")
-TOML_BLOCKS = [
-    b for page in sorted(p.name for p in DOCS.glob("*.md")) for b in blocks(page) if b.lang == "toml"
-]
+PAGES = sorted(p.name for p in DOCS.glob("*.md"))
+TOML_BLOCKS = [b for page in PAGES for b in blocks(page) if b.lang == "toml"]
 
 
-def test_markers_are_known():
-    for page in sorted(p.name for p in DOCS.glob("*.md")):
-        for b in blocks(page):
-            assert re.fullmatch(r"|skip: .+|file \S+|fragment", b.marker), f"{b.where}: {b.marker}"
+def test_markers_are_known_and_each_marks_a_block():
+    for page in PAGES:
+        marked = [b for b in blocks(page) if b.marker]
+        for b in marked:
+            assert re.fullmatch(r"skip: .+|file \S+|fragment", b.marker), f"{b.where}: {b.marker}"
+        text = (DOCS / page).read_text(encoding="utf-8")
+        assert text.count("<!-- docs-test:") == len(marked), f"docs/{page}: a marker marks no block"
 
 
 @pytest.mark.parametrize("block", TOML_BLOCKS, ids=lambda b: b.where)
