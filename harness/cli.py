@@ -12,8 +12,8 @@ from pydantic import ValidationError
 
 from harness._cli_bench import bench_app
 from harness._cli_errors import fail, setup_errors
-from harness._cli_history import HistoryOption, NoHistoryOption, history_app
 from harness._cli_help import polish
+from harness._cli_history import HistoryOption, NoHistoryOption, history_app
 from harness._cli_plan import parse_rates, show_plan
 from harness._cli_tools import add_tool_commands
 from harness.analysis import parse_goodput
