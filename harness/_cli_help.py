@@ -58,8 +58,10 @@ def reflow(doc: str) -> str:
 
 
 def polish(app: typer.Typer, path: str = "") -> None:
-    """Reflow the help of every command of ``app`` and its sub-apps and add its example
-    (:data:`EXAMPLES`) as the epilog."""
+    """Reflow the help of every command of ``app`` and its sub-apps, add its example
+    (:data:`EXAMPLES`) as the epilog, and read help as plain text (rich markup would take
+    ``[history]`` or ``[models/tiny]`` for a style and drop it)."""
+    app.rich_markup_mode = None
     for info in app.registered_commands:
         assert info.callback is not None
         name = f"{path} {info.name or info.callback.__name__.replace('_', '-')}".strip()
