@@ -42,6 +42,7 @@ from harness.analysis._latency import (
     tpot,
 )
 from harness.analysis._saturation import saturation_summary
+from harness.analysis._spans import client_spans, engine_spans, preempted, subtract
 from harness.analysis._sweep import (
     SweepPoint,
     SweepTable,
@@ -70,6 +71,10 @@ from harness.analysis._uncertainty import (
 from harness.analysis._verdicts import KvHeldVerdict, kv_held_verdict
 
 __all__ = [
+    "client_spans",
+    "engine_spans",
+    "preempted",
+    "subtract",
     "killed_plan_end",
     "run_folders",
     "sweep_point",
