@@ -76,7 +76,7 @@ class OtlpReceiver:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
         return self
 
     def take(self, request: ExportTraceServiceRequest) -> None:
