@@ -121,8 +121,8 @@ def _attributes(row: Any, names: dict[str, str]) -> dict[str, Any]:
 
 
 def request_spans(
-    row: dict[str, Any],
-    engine: dict[str, Any] | None,
+    row: dict[Any, Any],
+    engine: dict[Any, Any] | None,
     stalls: Sequence[Sequence[float | None]] | None,
     offset_s: float,
 ) -> list[TraceSpan]:
@@ -167,7 +167,7 @@ def request_spans(
     return out
 
 
-def _engine_spans(engine: dict[str, Any], child: Any, root: str) -> list[TraceSpan]:
+def _engine_spans(engine: dict[Any, Any], child: Any, root: str) -> list[TraceSpan]:
     """``engine request`` (under the client's root span) and its phases."""
     phases = engine_spans(engine)
     times = [t for c in ("t_arrival", "t_kv_freed", "t_generation_end")
@@ -193,7 +193,7 @@ def run_spans(
     """Every request's spans (:func:`request_spans`): ``requests`` as ``requests.parquet``
     holds it (joined with the engine), ``engine`` the ``engine_requests.parquet`` table (empty:
     no engine spans), ``stalls`` the records' stall pairs by request id."""
-    rows: dict[str, dict[str, Any]] = {}
+    rows: dict[str, dict[Any, Any]] = {}
     if len(engine) and "engine_request_id" in engine and "engine_request_id" in requests:
         table = engine.drop_duplicates("engine_request_id", keep="last")
         rows = {str(r["engine_request_id"]): r for r in table.to_dict("records")}

@@ -13,10 +13,13 @@ and the record's stalls (:func:`client_spans`). Times are monotonic seconds.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import pandas as pd
+
+Row = pd.Series | Mapping[Any, Any]
+"""A table row: a ``pandas.Series``, or a ``dict`` of ``DataFrame.to_dict("records")``."""
 
 
 def finite(value: Any) -> float | None:
@@ -58,7 +61,7 @@ def subtract(a: float, b: float, holes: Iterable[tuple[float, float]]) -> list[t
     return pieces
 
 
-def preempted(engine: pd.Series) -> list[tuple[float, float]]:
+def preempted(engine: Row) -> list[tuple[float, float]]:
     """The engine request's preempted spans (monotonic s): each ``preempted_at`` to the first
     later ``resumed_at`` not already used, else to generation end, else to KV freed."""
     resumes = sorted_times(engine.get("resumed_at"))
@@ -74,7 +77,7 @@ def preempted(engine: pd.Series) -> list[tuple[float, float]]:
     return out
 
 
-def engine_spans(engine: pd.Series) -> list[tuple[str, float, float]]:
+def engine_spans(engine: Row) -> list[tuple[str, float, float]]:
     """``(kind, start, end)`` (monotonic s) of one ``engine_requests`` row. A moment that never
     came (null) ends the phase before it at the next one that did."""
     arrival, sched, first, gen_end, freed = (
@@ -107,7 +110,7 @@ def engine_spans(engine: pd.Series) -> list[tuple[str, float, float]]:
 
 
 def client_spans(
-    req: pd.Series, stalls: Sequence[Sequence[float | None]] | None
+    req: Row, stalls: Sequence[Sequence[float | None]] | None
 ) -> list[tuple[str, float, float]]:
     """``(kind, start, end)`` (monotonic s) of one ``requests`` row: ``connect`` (send to
     ``t_connected``, where the row has it), ``waiting`` (from then to the first token, else the

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from harness.analysis._otlp import SCOPE, TraceSpan
+from harness.analysis import TRACE_SCOPE, TraceSpan
 
 TRACES_PATH = "/v1/traces"
 BATCH_SPANS = 512  # spans per request: well under the exporter's size limit
@@ -44,7 +44,7 @@ def _sdk_spans(spans: Sequence[TraceSpan], resource: dict[str, Any], version: st
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
     res = Resource.create(resource)
-    scope = InstrumentationScope(SCOPE, version or None)
+    scope = InstrumentationScope(TRACE_SCOPE, version or None)
     flags = trace.TraceFlags(trace.TraceFlags.SAMPLED)
     kinds = {"internal": trace.SpanKind.INTERNAL, "server": trace.SpanKind.SERVER,
              "client": trace.SpanKind.CLIENT}  # fmt: skip

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from harness.analysis import client_spans, engine_spans
-from harness.analysis._spans import finite as _t
-from harness.analysis._spans import sorted_times as _times
+from harness.analysis import finite as _t
+from harness.analysis import sorted_times as _times
 from harness.outputs._format import fmt_number
 from harness.outputs._report._data import RunData
 
