@@ -17,7 +17,7 @@ from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from harness.lifecycle import run_scenario
-from harness.outputs import send_traces, traces_endpoint
+from harness.outputs import traces_endpoint
 from harness.scenario import parse_scenario
 from loadgen import RequestSpec, new_traceparent, trace_ids
 from loadgen._request import request_bytes, target
@@ -116,14 +116,15 @@ def test_analyze_sends_the_same_spans_to_the_otlp_endpoint(
     assert {s.resource["service.name"] for s in receiver.spans} == {"zerowindow"}
 
 
-def test_an_endpoint_that_does_not_answer_is_a_warning(tmp_path_factory, receiver):
-    run_dir = sim_runs(tmp_path_factory)["on_finish"].run_dir
-    from harness.analysis import analyze
-
-    analysis = analyze(run_dir)
-    url = receiver.url.replace("/v1/traces", "/nowhere")  # a 404
-    warning = send_traces(analysis.traces, {}, "", url, timeout_s=2)
-    assert warning is not None and "0 of" in warning and url in warning
+def test_an_endpoint_that_refuses_is_a_warning(tmp_path_factory, tmp_path, receiver, monkeypatch):
+    run_dir = tmp_path / "run"
+    shutil.copytree(sim_runs(tmp_path_factory)["on_finish"].run_dir, run_dir)
+    url = receiver.url.replace("/v1/traces", "/nowhere")  # answered 404
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", url)
+    result = run_cli("analyze", str(run_dir))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"warning: traces not sent to {url} (0 of" in result.stdout + result.stderr
+    assert (run_dir / "traces.otlp.json").is_file() and not receiver.spans
 
 
 @pytest.mark.vllm

@@ -71,6 +71,20 @@ def _sdk_spans(spans: Sequence[TraceSpan], resource: dict[str, Any], version: st
     return out
 
 
+class _Heard(logging.Handler):
+    """Keeps what the exporter logged while sending (its first line names the cause)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+    def cause(self) -> str:
+        return self.lines[0][:300] if self.lines else "the endpoint refused the spans"
+
+
 def send_traces(
     spans: Sequence[TraceSpan],
     resource: dict[str, Any],
@@ -91,7 +105,10 @@ def send_traces(
         from opentelemetry.sdk.trace.export import SpanExportResult
     except ImportError as exc:
         return f"traces not sent to {endpoint}: the OpenTelemetry SDK is not installed ({exc})"
-    logging.getLogger("opentelemetry.exporter.otlp.proto.http").setLevel(logging.CRITICAL)
+    logger = logging.getLogger("opentelemetry.exporter.otlp.proto.http")
+    heard = _Heard()
+    logger.addHandler(heard)
+    propagate, logger.propagate = logger.propagate, False  # its lines become the warning's cause
     exporter = OTLPSpanExporter(endpoint=endpoint, timeout=timeout_s)
     sent = 0
     try:
@@ -100,13 +117,14 @@ def send_traces(
             batch = sdk[i : i + BATCH_SPANS]
             if exporter.export(batch) is not SpanExportResult.SUCCESS:
                 return (
-                    f"traces not sent to {endpoint}: it refused or did not answer within "
-                    f"{timeout_s:g} s ({sent} of {len(spans)} spans sent; traces.otlp.json "
-                    "holds them all)"
+                    f"traces not sent to {endpoint} ({sent} of {len(spans)} spans sent within "
+                    f"{timeout_s:g} s; traces.otlp.json holds them all): {heard.cause()}"
                 )
             sent += len(batch)
     except Exception as exc:  # noqa: BLE001  # sending is never a failed run
         return f"traces not sent to {endpoint}: {type(exc).__name__}: {exc}"
     finally:
         exporter.shutdown()
+        logger.removeHandler(heard)
+        logger.propagate = propagate
     return None
