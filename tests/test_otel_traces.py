@@ -165,3 +165,23 @@ max_tokens = 4
     assert all(client[s.trace_id].span_id == s.parent_span_id for s in engine)
     for s in engine:  # vLLM's span inside the client's (wall clocks of one machine)
         assert client[s.trace_id].start_ns <= s.start_ns <= client[s.trace_id].end_ns
+
+
+def test_a_cut_request_has_a_cut_span_and_an_error_status():
+    from harness.analysis._otlp import request_spans
+
+    trace, span = trace_ids(new_traceparent())
+    row = {
+        "trace_id": trace, "span_id": span, "t_send": 10.0, "t_connected": 10.001,
+        "t_first_token": 10.2, "t_last_byte": 10.5, "t_cut_seen": 12.0, "t_end": 12.0,
+        "cut_kind": "rst", "outcome": "cut_by_peer", "error": "ConnectionResetError",
+    }  # fmt: skip
+    spans = request_spans(row, None, [[10.5, None]], offset_s=1.7e9)
+    by_name = {s.name: s for s in spans}
+    assert list(by_name) == ["request", "client connect", "client waiting", "client receiving",
+                             "client stalled", "client cut"]  # fmt: skip
+    root = by_name["request"]
+    assert root.span_id == span and root.error == "cut_by_peer: ConnectionResetError"
+    assert by_name["client cut"].attributes == {"zerowindow.cut_kind": "rst"}
+    assert by_name["client stalled"].end_ns - by_name["client stalled"].start_ns == 1_500_000_000
+    assert by_name["client connect"].end_ns - root.start_ns == 1_000_000
