@@ -16,6 +16,7 @@ import pytest
 from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from harness.analysis._otlp import request_spans
 from harness.lifecycle import run_scenario
 from harness.outputs import traces_endpoint
 from harness.scenario import parse_scenario
@@ -168,8 +169,6 @@ max_tokens = 4
 
 
 def test_a_cut_request_has_a_cut_span_and_an_error_status():
-    from harness.analysis._otlp import request_spans
-
     trace, span = trace_ids(new_traceparent())
     row = {
         "trace_id": trace, "span_id": span, "t_send": 10.0, "t_connected": 10.001,
