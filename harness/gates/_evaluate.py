@@ -143,7 +143,9 @@ def evaluate_gates(
     gates (:func:`harness.history.past_of`; ``None``: no history kept, they are skipped)."""
     policy = policy or GatingConfig()
     return [
-        _history(gate, figures, past, policy, final) if gate.history else _evaluate(
+        _history(gate, figures, past, policy, final)
+        if gate.history
+        else _evaluate(
             gate,
             figures,
             baseline,
