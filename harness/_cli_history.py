@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import fnmatch
 import os
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated
 
+import pandas as pd
 import typer
 
 from harness._cli_errors import fail, setup_errors
@@ -85,11 +87,38 @@ def history_add(
                f"{f', {known} already there' if known else ''}")  # fmt: skip
 
 
+SinceOption = Annotated[
+    str | None, typer.Option(help="only runs started on or after this date or time (2026-12-01)")
+]
+
+
+def _since(value: str | None) -> str | None:
+    """``--since`` checked: an ISO date or date and time."""
+    if value is None:
+        return None
+    try:
+        datetime.fromisoformat(value)
+    except ValueError:
+        fail("invalid argument", f"--since {value!r}: expected a date such as 2026-12-01 "
+             "or a time such as 2026-12-01T08:00")  # fmt: skip
+    return value
+
+
+def _entries(store: HistoryStore, path: Path, name: str, since: str | None) -> pd.DataFrame:
+    """The runs of ``name``; exit 2 naming the scenarios there are when it has none."""
+    entries = store.entries(name, since=since)
+    if entries.empty:
+        known = ", ".join(store.scenarios()) or "none"
+        when = f" since {since}" if since and name in store.scenarios() else ""
+        fail("no such runs", f"{path}: no run of {name!r}{when} (scenarios: {known})")
+    return entries
+
+
 @history_app.command("show")
 def history_show(
     scenario: Annotated[str, typer.Argument(help="scenario name, or its TOML file")],
     figure: FigureOption = None,
-    since: Annotated[str | None, typer.Option(help="runs started on or after (2026-12-01)")] = None,
+    since: SinceOption = None,
     history: HistoryOption = None,
     out: Annotated[Path, typer.Option(help="folder that receives history.html")] = Path("."),
 ) -> None:
@@ -98,16 +127,16 @@ def history_show(
     change points; write OUT/history.html. Appends the trend table to $GITHUB_STEP_SUMMARY
     when it is set."""
     name, _, config = _scenario(scenario)
-    path = _store_path(history, config)
+    path, since = _store_path(history, config), _since(since)
     pvalue = GatingConfig().history_max_pvalue
     with setup_errors("cannot read the history"):
         with HistoryStore(path, read_only=True) as store:
-            entries = store.entries(name, since=since)
-            if entries.empty:
-                known = ", ".join(store.scenarios()) or "none"
-                fail("no such scenario", f"{path}: no run of {name!r} (scenarios: {known})")
+            entries = _entries(store, path, name, since)
             found = trends(store, name, figures=figure or (), since=since, max_pvalue=pvalue)
-        print_history(entries, found)
+    if figure and not found:
+        fail("unknown figure", f"--figure {' '.join(figure)}: no such figure in {name}'s runs")
+    print_history(entries, found)
+    with setup_errors("cannot write the history page"):
         page = write_history_page(out, name, entries, found, max_pvalue=pvalue)
         append_markdown(history_markdown(name, found))
     typer.echo(f"history page: {page}")
@@ -138,10 +167,12 @@ def history_check(
     within: Annotated[
         float, typer.Option(help="tolerance (%) for --figure: a worse change beyond it fails")
     ] = 10.0,
+    since: SinceOption = None,
     history: HistoryOption = None,
-    junit: Annotated[Path, typer.Option(help="JUnit XML file to write")] = Path(
-        "history-junit.xml"
-    ),
+    junit: Annotated[
+        Path | None,
+        typer.Option(help="also write the verdicts as JUnit XML (one test suite a series)"),
+    ] = None,
 ) -> None:
     """Judge SCENARIO's history gates ('FIGURE ~ history', from its TOML file or the gates its
     runs recorded) and --figure on each series' newest run, as a run would: fails when the
@@ -149,13 +180,11 @@ def history_check(
 
     Exit code: 0 all pass, 1 one fails, 2 nothing to check or no such scenario."""
     name, gates, config = _scenario(scenario)
-    path = _store_path(history, config)
+    path, since = _store_path(history, config), _since(since)
     suites: list[JunitSuite] = []
     with setup_errors("cannot read the history"):
         with HistoryStore(path, read_only=True) as store:
-            entries = store.entries(name)
-            if entries.empty:
-                fail("no such scenario", f"{path}: no run of {name!r}")
+            entries = _entries(store, path, name, since)
             recorded = store.gates(list(entries["entry_id"]))
             gates += [parse_gate(t) for t in dict.fromkeys(recorded["gate"])
                       if "~ history" in " ".join(t.split())]  # fmt: skip
@@ -163,7 +192,9 @@ def history_check(
             gates = _check_gates(gates, figure or [], within, known)
             if not gates:
                 fail("nothing to check", f"{name}: no '~ history' gate; give --figure")
-            found = trends(store, name, figures=[g.figure for g in gates], max_pvalue=None)
+            found = trends(
+                store, name, figures=[g.figure for g in gates], since=since, max_pvalue=None
+            )
     if not found:
         fail("nothing to check", f"{name}: no run measured {', '.join(g.figure for g in gates)}")
     policy = GatingConfig()
@@ -180,8 +211,8 @@ def history_check(
         print_gates(results, exit_code=code)
         suites.append(JunitSuite(f"zerowindow.history.{name}.{series}", "complete", None, 0.0,
                                  results, {"series": str(label.series_key)}))  # fmt: skip
-    with setup_errors("cannot write the JUnit file"):
-        write_junit(junit, suites)
-    failed = any(not r.passed for s in suites for r in s.gates)
-    typer.echo(f"junit: {junit}")
-    raise typer.Exit(1 if failed else 0)
+    if junit is not None:
+        with setup_errors("cannot write the JUnit file"):
+            write_junit(junit, suites)
+        typer.echo(f"junit: {junit}")
+    raise typer.Exit(1 if any(not r.passed for s in suites for r in s.gates) else 0)

@@ -84,3 +84,19 @@ def show_plan(result: PlanResult) -> None:
         typer.echo(f"results: {result.run_dir}")
     if result.history is not None:
         typer.echo(result.history.line())
+
+
+def parse_rates(text: str | None) -> list[float] | None:
+    """``--rates 2,4.5,8`` as floats. Raises ``ValueError`` naming the bad item."""
+    if text is None:
+        return None
+    out = []
+    for item in text.split(","):
+        try:
+            rate = float(item)
+        except ValueError:
+            raise ValueError(f"--rates: {item.strip()!r} is not a number of requests/s") from None
+        if not rate > 0:
+            raise ValueError(f"--rates: {item.strip()!r} must be above 0")
+        out.append(rate)
+    return out

@@ -12,8 +12,9 @@ from pydantic import ValidationError
 
 from harness._cli_bench import bench_app
 from harness._cli_errors import fail, setup_errors
+from harness._cli_help import polish
 from harness._cli_history import HistoryOption, NoHistoryOption, history_app
-from harness._cli_plan import show_plan
+from harness._cli_plan import parse_rates, show_plan
 from harness._cli_tools import add_tool_commands
 from harness.analysis import parse_goodput
 from harness.gates import BaselineError, load_baseline, save_baseline
@@ -342,7 +343,7 @@ def sweep(
         config = load_scenario(scenario)
     with setup_errors("invalid argument", scenario=scenario, also=(ValueError,)):
         settings = SweepSettings(
-            steps=steps, rates_rps=_rates(rates), sla=sla,
+            steps=steps, rates_rps=parse_rates(rates), sla=sla,
             sla_on="rate" if sla_on == "rate" else "concurrency", sla_steps=sla_steps,
             serial_requests=serial_requests, goodput_slo_ms=parse_goodput(goodput or []),
         )  # fmt: skip
@@ -353,22 +354,6 @@ def sweep(
         use_history=not no_history,
     )  # fmt: skip
     _run_plan(scenario, config, options, out, dry_run=dry_run)
-
-
-def _rates(text: str | None) -> list[float] | None:
-    """``--rates 2,4.5,8`` as floats. Raises ``ValueError`` naming the bad item."""
-    if text is None:
-        return None
-    out = []
-    for item in text.split(","):
-        try:
-            rate = float(item)
-        except ValueError:
-            raise ValueError(f"--rates: {item.strip()!r} is not a number of requests/s") from None
-        if not rate > 0:
-            raise ValueError(f"--rates: {item.strip()!r} must be above 0")
-        out.append(rate)
-    return out
 
 
 def main() -> None:
@@ -447,3 +432,6 @@ def suite_run(
     print_suite(result)
     typer.echo(f"junit: {result.run_dir / JUNIT_XML}")
     raise typer.Exit(result.exit_code)
+
+
+polish(app)  # every command registered above: reflowed help and its example

@@ -51,7 +51,7 @@ from ._openai import ENDPOINT_PATHS, Endpoint, TokenCounter, parse_payload, requ
 from ._prompt import build_prompt, prompt_seed
 from ._reads import READS, FullSpeed, Paced, ReadBehaviour, ReadConfig
 from ._records import OUTCOMES, Chunk, RecordWriter, RequestRecord, read_records, ttft_ms
-from ._request import RequestSpec
+from ._request import RequestSpec, new_traceparent, trace_ids
 from ._sockets import TCP_CLOSE, TCP_CLOSE_WAIT, peer_cut, tcp_state
 from ._sse import SSEDecoder, SSEEvent
 from ._tail import LineTail
@@ -140,6 +140,8 @@ __all__ = [
     "RequestOutcomeError",
     "RequestRecord",
     "RequestSpec",
+    "new_traceparent",
+    "trace_ids",
     "SATURATION_ENV",
     "SSEDecoder",
     "SSEEvent",

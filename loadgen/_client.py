@@ -22,12 +22,13 @@ import time
 from collections.abc import Callable
 
 from ._records import RequestRecord
-from ._request import RequestSpec, target
+from ._request import RequestSpec, target, trace_ids
 from ._stream import Stream
 
 
 def _record(spec: RequestSpec, t_send: float) -> RequestRecord:
     """The record of ``spec``'s request, sent at ``t_send`` (monotonic s), before any reply."""
+    trace_id, span_id = trace_ids(spec.traceparent)
     return RequestRecord(
         request_id=spec.request_id,
         user_class=spec.user_class,
@@ -42,6 +43,8 @@ def _record(spec: RequestSpec, t_send: float) -> RequestRecord:
         t_scheduled=spec.t_scheduled,
         schedule_index=spec.schedule_index,
         behaviour=spec.behaviour,
+        trace_id=trace_id,
+        span_id=span_id,
     )
 
 

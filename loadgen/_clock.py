@@ -136,6 +136,7 @@ def to_harness_clock(record: RequestRecord, clock: ClockEstimate) -> RequestReco
         record,
         clock_bound_ms=clock.bound_s * 1000.0,
         t_send=record.t_send - offset_s,
+        t_connected=_moved(record.t_connected, offset_s),
         t_first_byte=_moved(record.t_first_byte, offset_s),
         t_first_token=_moved(record.t_first_token, offset_s),
         t_last_byte=_moved(record.t_last_byte, offset_s),

@@ -81,6 +81,10 @@ class RequestRecord:
     ``clock_bound_ms`` is set by the harness, never by the client: for a record of a worker on
     another clock, moved onto the harness's (``loadgen._clock``), how far its times may be off
     against the harness's and the engine's (ms); ``None`` for a process on the harness's clock.
+    ``t_connected`` is when the TCP connection was established (``None`` if it never was);
+    ``trace_id`` (32 hex digits) and ``span_id`` (16) are the W3C ``traceparent`` the request
+    carried: the trace of the request and the client's span in it (``None`` in records written
+    before requests carried one).
     """
 
     request_id: str
@@ -120,6 +124,9 @@ class RequestRecord:
     schedule_index: int | None = None
     behaviour: str | None = None
     clock_bound_ms: float | None = None
+    t_connected: float | None = None
+    trace_id: str | None = None
+    span_id: str | None = None
 
     @property
     def ttft_ms(self) -> float | None:

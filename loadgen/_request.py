@@ -4,6 +4,7 @@ base URL names, and the request's bytes (framed by ``h11``, once per request).""
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from dataclasses import dataclass, field
 from typing import Literal
@@ -16,6 +17,25 @@ from ._openai import ENDPOINT_PATHS, Endpoint, request_body
 from ._reads import FullSpeed, ReadConfig
 
 USER_AGENT = "zerowindow-loadgen"
+
+
+def new_traceparent() -> str:
+    """A fresh W3C ``traceparent`` header value, ``00-<trace-id>-<parent-id>-01``: version 00,
+    a random 16-byte trace id and 8-byte span id (the client's span of the request) as lower-case
+    hex, flags ``01`` (sampled, so that a server that traces records its spans). All-zero ids are
+    invalid and drawn again (W3C Trace Context, section 3.2, https://www.w3.org/TR/trace-context/).
+    Built from ``os.urandom`` alone (about a microsecond: no tracing SDK on the client's path)."""
+    while True:
+        raw = os.urandom(24)
+        if any(raw[:16]) and any(raw[16:]):
+            hexed = raw.hex()
+            return f"00-{hexed[:32]}-{hexed[32:]}-01"
+
+
+def trace_ids(traceparent: str) -> tuple[str, str]:
+    """The trace id (32 hex digits) and parent span id (16) of a version-00 ``traceparent``
+    value (:func:`new_traceparent`)."""
+    return traceparent[3:35], traceparent[36:52]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,7 +54,9 @@ class RequestSpec:
     ``network_profile`` only label the record; ``t_scheduled`` (monotonic s), the deadline an
     open-loop schedule gave the request, and ``schedule_index``, its position in the whole
     schedule, are recorded as is, and so is ``behaviour``, the name of the client-mix entry
-    the request was drawn as.
+    the request was drawn as. ``traceparent``: the W3C trace context sent with the request
+    (default: a fresh trace and span id, :func:`new_traceparent`), recorded as the record's
+    ``trace_id`` and ``span_id``.
     """
 
     host: str
@@ -59,6 +81,7 @@ class RequestSpec:
     t_scheduled: float | None = None
     schedule_index: int | None = None
     behaviour: str | None = None
+    traceparent: str = field(default_factory=new_traceparent)
 
 
 @dataclass(frozen=True)
@@ -87,7 +110,8 @@ def target(base_url: str, endpoint: Endpoint) -> Target:
 def request_bytes(spec: RequestSpec, target: Target) -> bytes:
     """The whole HTTP/1.1 request of ``spec`` to ``target``: a ``POST`` of the endpoint's JSON
     body with ``Accept: text/event-stream`` (``application/json`` when not streamed),
-    ``Connection: close``, ``X-Request-Id`` and ``Accept-Encoding`` when the spec has one."""
+    ``Connection: close``, ``X-Request-Id``, ``traceparent`` (W3C Trace Context) and
+    ``Accept-Encoding`` when the spec has one."""
     body = json.dumps(
         request_body(
             endpoint=spec.endpoint,
@@ -110,6 +134,7 @@ def request_bytes(spec: RequestSpec, target: Target) -> bytes:
             ("Content-Length", str(len(body))),
             ("Connection", "close"),
             ("X-Request-Id", spec.request_id),
+            ("traceparent", spec.traceparent),
             *([("Accept-Encoding", spec.accept_encoding)] if spec.accept_encoding else []),
         ],
     )

@@ -108,6 +108,7 @@ class Stream:
             self.arrival = ArrivalClock(not_before=self.record.t_send)
         self.sock.settimeout(max(self.remaining_s(), 1e-3))
         self.sock.connect(addr)
+        self.record.t_connected = time.monotonic()
         self.record.client_addr, self.record.client_port = local_address(self.sock)
 
     def send_request(self, target: Target) -> None:

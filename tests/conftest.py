@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from harness.servers._vllm import SUITE_ARGS
+from tests.otlp_receiver import OtlpReceiver
 
 REPO = Path(__file__).resolve().parents[1]
 # Pin the CPU worker to core 0 so the API server and the load generator keep a core.
@@ -22,6 +23,13 @@ ZEROWINDOW = [sys.executable, "-m", "harness"]
 # The shared server is the suite's vLLM (`suite run --target vllm`): 64 blocks of 32 tokens, as
 # in DESIGN.md's measurement.
 VLLM_ARGS = SUITE_ARGS
+# The shared server exports its own spans (vLLM's `llm_request`, one per finished request) to
+# this receiver, over OTLP/HTTP (vLLM's default is gRPC: vllm/tracing/otel.py), every 0.2 s.
+VLLM_OTLP = OtlpReceiver()
+VLLM_OTLP_ENV = {
+    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+    "OTEL_BSP_SCHEDULE_DELAY": "200",
+}
 
 
 @pytest.hookimpl(trylast=True)
@@ -78,7 +86,8 @@ class _SharedVllm:
 
             config = VllmTargetConfig(
                 kind="vllm", model=str(_tiny_model(factory)), served_model_name="tiny",
-                extra_args=VLLM_ARGS, env=VLLM_ENV,
+                extra_args=[*VLLM_ARGS, "--otlp-traces-endpoint", VLLM_OTLP.url],
+                env={**VLLM_ENV, **VLLM_OTLP_ENV},
             )  # fmt: skip
             self.target = VllmTarget(config)
             assert self.log_dir is not None
@@ -114,11 +123,13 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     wanted = any("vllm_server" in getattr(item, "fixturenames", ()) for item in session.items)
     if wanted and vllm_available():
+        VLLM_OTLP.start()  # before the server, which is given its port
         _SHARED_VLLM.start(session.config._tmp_path_factory)  # type: ignore[attr-defined]
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     _SHARED_VLLM.stop()
+    VLLM_OTLP.stop()
 
 
 @pytest.fixture(scope="session")
@@ -132,6 +143,12 @@ def vllm_server() -> Iterator[str]:
     VLLM_ENGINE_DIRS.append(_SHARED_VLLM.log_dir)
     yield url
     _SHARED_VLLM.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_otlp(vllm_server: str) -> OtlpReceiver:
+    """The OTLP receiver the shared vLLM server exports its spans to."""
+    return VLLM_OTLP
 
 
 VLLM_ENGINE_DIRS: list[Path] = []  # where the shared server's engine probe writes its tables

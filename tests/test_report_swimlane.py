@@ -15,15 +15,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from harness._engine_probe import REQUEST_SCHEMA
+from harness.analysis import client_spans, engine_spans, preempted, subtract
 from harness.outputs._report import render_report
 from harness.outputs._report._data import hop_samples, load_run
-from harness.outputs._report._swimlane import (
-    client_spans,
-    engine_spans,
-    preempted,
-    subtract,
-    swimlane,
-)
+from harness.outputs._report._swimlane import swimlane
 from loadgen import RecordWriter, RequestRecord
 
 T0 = 1000.0  # monotonic s of the first send: the report's time origin
@@ -108,8 +103,17 @@ def add_proxy(run: Path, *, hops: bool = True) -> Path:
     rows = []
     for i in range(9):
         t = 1000.0 + i
-        rows.append({"t": t, "hop": 0, "rss_bytes": 9e7, "client_send_q_bytes": 100 * i,
-                     "upstream_recv_q_bytes": 10, "metrics_ok": True, "requests": float(i)})
+        rows.append(
+            {
+                "t": t,
+                "hop": 0,
+                "rss_bytes": 9e7,
+                "client_send_q_bytes": 100 * i,
+                "upstream_recv_q_bytes": 10,
+                "metrics_ok": True,
+                "requests": float(i),
+            }
+        )
         rows.append({"t": t + 0.05, "hop": 1, "rss_bytes": 4e8, "client_send_q_bytes": 7,
                      "upstream_recv_q_bytes": 50 * i, "metrics_ok": True})  # fmt: skip
     frame = pd.DataFrame(rows)

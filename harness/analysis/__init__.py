@@ -41,7 +41,17 @@ from harness.analysis._latency import (
     token_gaps,
     tpot,
 )
+from harness.analysis._otlp import SCOPE as TRACE_SCOPE
+from harness.analysis._otlp import TraceSpan
 from harness.analysis._saturation import saturation_summary
+from harness.analysis._spans import (
+    client_spans,
+    engine_spans,
+    finite,
+    preempted,
+    sorted_times,
+    subtract,
+)
 from harness.analysis._sweep import (
     SweepPoint,
     SweepTable,
@@ -70,6 +80,14 @@ from harness.analysis._uncertainty import (
 from harness.analysis._verdicts import KvHeldVerdict, kv_held_verdict
 
 __all__ = [
+    "TRACE_SCOPE",
+    "TraceSpan",
+    "finite",
+    "sorted_times",
+    "client_spans",
+    "engine_spans",
+    "preempted",
+    "subtract",
     "killed_plan_end",
     "run_folders",
     "sweep_point",

@@ -9,6 +9,7 @@ RUN_DIR`` re-runs it on any run folder, on any machine, and reproduces ``summary
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from harness.analysis._engine_join import engine_aborts, join_engine, send_block
 from harness.analysis._killed import killed_run_end
 from harness.analysis._leaves import leave_figures
 from harness.analysis._matrix import matrix_cells
+from harness.analysis._otlp import TraceSpan, otlp_json, run_spans, wall_offset_s
 from harness.analysis._proxy import hop_rows, hop_summaries, probe_rows, proxy_summary
 from harness.analysis._saturation import saturation_summary
 from harness.analysis._stalls import abort_times, attribute_aborts
@@ -51,6 +53,7 @@ from harness.runfolder import (
     SERVER_METRICS,
     SOCKETS,
     SUMMARY_JSON,
+    TRACES_OTLP,
     GroupSummary,
     LoadWorker,
     RunSummary,
@@ -81,7 +84,9 @@ class RunFacts:
     capture); ``load_workers``: what became of each Locust worker (``--workers``); ``hops``:
     the proxy's hops as the run probed them (``ProxyHop.describe``: ``index``, ``kind``,
     ``port``, ``metric_figures`` ...; from the clients' side inward); ``accelerator``: the
-    machine's GPUs, or why there are none (``harness.collectors.open_accelerator``).
+    machine's GPUs, or why there are none (``harness.collectors.open_accelerator``);
+    ``wall_minus_monotonic_s``: Unix time minus CLOCK_MONOTONIC at the run's start (``run.json``
+    ``clock``; ``None`` in folders that lack it); ``version``: zerowindow's.
     """
 
     scenario: Scenario
@@ -98,6 +103,8 @@ class RunFacts:
     hops: list[dict[str, Any]] = field(default_factory=list)  # run.json's "proxy_hops"
     engine_probe: dict[str, Any] | None = None  # run.json's "engine_probe"
     accelerator: dict[str, Any] | None = None  # run.json's "accelerator"
+    wall_minus_monotonic_s: float | None = None
+    version: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The facts as ``run.json`` keeps them (the scenario is there already)."""
@@ -155,7 +162,16 @@ def read_facts(run_dir: Path) -> RunFacts:
         engine_probe=probe,
         hops=info.get("proxy_hops") or chain_hops(proxy),
         accelerator=info.get("accelerator"),
+        wall_minus_monotonic_s=_wall_minus_monotonic(info.get("clock")),
+        version=(info.get("versions") or {}).get("zerowindow"),
     )
+
+
+def _wall_minus_monotonic(clock: dict[str, Any] | None) -> float | None:
+    """Unix time minus CLOCK_MONOTONIC (s) from ``run.json``'s ``clock``, if it has one."""
+    if not clock or clock.get("wall_at_start_s") is None:
+        return None
+    return float(clock["wall_at_start_s"]) - float(clock["monotonic_at_start_s"])
 
 
 def chain_hops(proxy: dict[str, Any]) -> list[dict[str, Any]]:
@@ -172,11 +188,16 @@ def chain_hops(proxy: dict[str, Any]) -> list[dict[str, Any]]:
 @dataclass
 class Analysis:
     """What :func:`analyze` derives from a run folder: ``requests`` and ``chunks`` (the tables
-    of ``requests.parquet`` and ``chunks.parquet``) and the ``summary``."""
+    of ``requests.parquet`` and ``chunks.parquet``), the ``summary``, and the requests'
+    OpenTelemetry ``traces`` (``harness.analysis._otlp``) with the ``resource`` they come from
+    (its attributes) and zerowindow's ``version``."""
 
     summary: RunSummary
     requests: pd.DataFrame
     chunks: pd.DataFrame
+    traces: list[TraceSpan] = field(default_factory=list)
+    resource: dict[str, Any] = field(default_factory=dict)
+    version: str = ""
 
 
 def _metrics(run_dir: Path) -> pd.DataFrame:
@@ -212,11 +233,14 @@ def all_requests_failed(requests: pd.DataFrame) -> str | None:
 def _engine_evidence(
     run_dir: Path, facts: RunFacts, metrics: pd.DataFrame, requests: pd.DataFrame,
     chunks: pd.DataFrame,
-) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any] | None, str | None]:  # fmt: skip
+) -> tuple[
+    pd.DataFrame, pd.DataFrame, dict[str, Any] | None, str | None, pd.DataFrame
+]:  # fmt: skip
     """``requests`` joined with the engine's own records (its aborts from them, or estimated
     from the scrapes when there are none) and with the figures of clients that left
     (``_leaves.leave_figures``), the engine's steps, its per-request verdict (``None`` without
-    records) and why there are no records (``None`` when there are)."""
+    records), why there are no records (``None`` when there are) and the records (empty when
+    there are none to use)."""
     verdict_config = facts.scenario.verdict
     engine_requests = read_parquet(run_dir / ENGINE_REQUESTS)
     engine_steps = read_parquet(run_dir / ENGINE_STEPS)
@@ -227,7 +251,7 @@ def _engine_evidence(
         requests, chunks, engine_requests if no_engine is None else engine_requests.iloc[0:0]
     )
     if no_engine is not None:
-        return leave_figures(requests, chunks), engine_steps, None, no_engine
+        return leave_figures(requests, chunks), engine_steps, None, no_engine, engine_requests[0:0]
     requests = leave_figures(engine_aborts(requests), chunks, unjoined=unjoined)
     engine_steps = engine_steps.sort_values("t") if len(engine_steps) else engine_steps
     engine_verdict = kv_held_from_requests(
@@ -239,7 +263,7 @@ def _engine_evidence(
         kv_block_bytes=(facts.engine_probe or {}).get("kv_block_bytes"),
         blocked_spans=send_blocked_spans(engine_requests, verdict_config.kv_held_min_ms),
     )
-    return requests, engine_steps, engine_verdict, None
+    return requests, engine_steps, engine_verdict, None, engine_requests
 
 
 def _server(
@@ -272,7 +296,7 @@ def analyze(run_dir: Path, facts: RunFacts | None = None) -> Analysis:
     # Requests meet the server on the client-facing port (the proxy's, if any).
     client_sockets = sockets[sockets["local_port"] == facts.client_port]
     chunks = chunks_frame(records)
-    requests, engine_steps, engine_verdict, no_engine = _engine_evidence(
+    requests, engine_steps, engine_verdict, no_engine, engine_requests = _engine_evidence(
         run_dir, facts, metrics, requests_frame(records, client_sockets), chunks
     )
     t_first_send = float(requests["t_send"].min()) if len(requests) else None
@@ -327,7 +351,13 @@ def analyze(run_dir: Path, facts: RunFacts | None = None) -> Analysis:
         matrix=matrix_cells(scenario.matrix, requests, chunks) if scenario.matrix else [],
         accelerator=accelerator_summary(read_parquet(run_dir / ACCELERATOR), facts.accelerator),
     )
-    return Analysis(summary=summary, requests=requests, chunks=chunks)
+    stalls = {r.request_id: r.stalls for r in records}
+    traces = run_spans(
+        requests, engine_requests, stalls, wall_offset_s(requests, facts.wall_minus_monotonic_s)
+    )
+    resource = {"service.name": "zerowindow", "zerowindow.scenario": scenario.name,
+                "zerowindow.run": run_dir.name, "zerowindow.proxy": facts.proxy_name}  # fmt: skip
+    return Analysis(summary, requests, chunks, traces, resource, facts.version or "")
 
 
 def _behaviour_summaries(
@@ -347,7 +377,10 @@ def _behaviour_summaries(
 
 
 def write_analysis(run_dir: Path, analysis: Analysis) -> None:
-    """Write ``requests.parquet``, ``chunks.parquet`` and ``summary.json`` into ``run_dir``."""
+    """Write ``requests.parquet``, ``chunks.parquet``, ``summary.json`` and the traces
+    (``traces.otlp.json``, OTLP/JSON: ``harness.analysis._otlp``) into ``run_dir``."""
     write_parquet(analysis.requests, run_dir / REQUESTS)
+    doc = otlp_json(analysis.traces, analysis.resource, analysis.version)
+    (run_dir / TRACES_OTLP).write_text(json.dumps(doc, separators=(",", ":")) + "\n")
     write_parquet(analysis.chunks, run_dir / CHUNKS)
     write_json(run_dir / SUMMARY_JSON, analysis.summary.model_dump(mode="json"))

@@ -24,6 +24,7 @@ REQUEST_COLUMNS = [
     "server_retransmits", "stream_id", "timestamps", "read_lag_max_ms",
     "t_scheduled", "schedule_index", "send_lag_ms", "ttft_from_scheduled_ms",
     "e2e_from_scheduled_ms", "behaviour", "clock_bound_ms", "content_encoding",
+    "t_connected", "trace_id", "span_id",
 ]  # fmt: skip
 # Per-request figures from the server's socket samples: column -> (sockets column, aggregate).
 SERVER_SOCKET_FIGURES = {
@@ -107,7 +108,7 @@ def requests_frame(records: list[RequestRecord], sockets: pd.DataFrame) -> pd.Da
     for col in (
         "t_action", "t_stall", "t_cut_seen", "stall_to_cut_ms", "read_lag_max_ms",
         "t_scheduled", "send_lag_ms", "ttft_from_scheduled_ms", "e2e_from_scheduled_ms",
-        "clock_bound_ms",
+        "clock_bound_ms", "t_connected",
     ):  # fmt: skip
         frame[col] = frame[col].astype(float)
     frame["schedule_index"] = frame["schedule_index"].astype("Int64")

@@ -19,7 +19,8 @@ Verdicts:
 - a **history** gate (``fast.ttft_p99_ms ~ history within 10%``) looks at the figure over the
   runs of its series before this one and this one (:func:`harness.history.judge_trend`):
   ``fail`` when the newest runs lie after change points that worsen it beyond ``within``,
-  else ``pass``; ``skipped`` when the run keeps no history on purpose.
+  else ``pass``; ``skipped`` when the run keeps no history on purpose, or its history cannot
+  be read (a file locked by another job too long, not a history): a warning, never a failure.
 
 A gate on a figure that was not measured (``None``) fails, saying so; but a gate on a figure
 of something that was **not exercised** (its owner's ``<owner>.exercised`` figure is 0: a
@@ -142,7 +143,9 @@ def evaluate_gates(
     gates (:func:`harness.history.past_of`; ``None``: no history kept, they are skipped)."""
     policy = policy or GatingConfig()
     return [
-        _history(gate, figures, past, policy, final) if gate.history else _evaluate(
+        _history(gate, figures, past, policy, final)
+        if gate.history
+        else _evaluate(
             gate,
             figures,
             baseline,
@@ -176,8 +179,9 @@ def _history(
         return _with(plain, FAIL, f"{gate.figure} was not measured in this run", policy, final)
     try:
         values = [*past(gate.figure), measured]
-    except HistoryError as exc:
-        return _with(plain, FAIL, f"the history cannot be read: {exc}", policy, final)
+    except HistoryError as exc:  # history trouble never changes a run's exit code
+        why = f"skipped: the history cannot be read: {exc}"
+        return _with(plain, SKIPPED, why, policy, final, skipped=True)
     trend = judge_trend(
         values, gate.figure, within=gate.within, max_pvalue=policy.history_max_pvalue,
         confidence=policy.confidence,

@@ -3,9 +3,9 @@ keeps (:mod:`~harness.history._entries`), change points and the trend verdict of
 gate (:mod:`~harness.history._trend`).
 
 Where the history is, first that applies: ``--history PATH`` (``--no-history``: none), the
-environment variable ``ZEROWINDOW_HISTORY`` (a path, or ``off``), the scenario's ``[history]
-path`` (``enabled = false``: none), else ``history.duckdb`` in the results folder
-(``results/history.duckdb`` by default).
+environment variable ``ZEROWINDOW_HISTORY`` (a path, or ``off``; empty is unset), the
+scenario's ``[history] path`` (``enabled = false``: none), else ``history.duckdb`` in the
+results folder (``--out``, ``results/`` by default).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from zwcore import HistoryError
 
 HISTORY_ENV = "ZEROWINDOW_HISTORY"
 HISTORY_FILE = "history.duckdb"
-_OFF = ("off", "none", "false", "0", "")
+_OFF = ("off", "none", "false", "0")
 
 
 def history_path(
@@ -53,9 +53,9 @@ def history_path(
         return None
     if option is not None:
         return option
-    if HISTORY_ENV in os.environ:
-        value = os.environ[HISTORY_ENV]
-        return None if value.strip().lower() in _OFF else Path(value)
+    value = os.environ.get(HISTORY_ENV, "").strip()
+    if value:  # set and not empty (an empty value, as CI gives an unset variable, is unset)
+        return None if value.lower() in _OFF else Path(value)
     if not config.enabled:
         return None
     return config.path if config.path is not None else out_root / HISTORY_FILE

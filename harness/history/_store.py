@@ -77,11 +77,13 @@ class HistoryStore:
                 if locked and time.monotonic() < deadline:
                     time.sleep(0.2)
                     continue
-                why = (
-                    f"held by another process for over {LOCK_WAIT_S:g} s: {exc}"
-                    if locked
-                    else f"not a history file (DuckDB cannot read it: {exc}); left as it is"
-                )
+                text = str(exc)
+                if locked:
+                    why = f"held by another process for over {LOCK_WAIT_S:g} s: {text}"
+                elif "Read-only file system" in text or "Permission denied" in text:
+                    why = f"cannot be written here: {text}"
+                else:
+                    why = f"not a history file (DuckDB cannot read it: {text}); left as it is"
                 raise HistoryError(f"{self.path}: {why}") from None
         try:
             self._check_schema(read_only)
@@ -93,7 +95,9 @@ class HistoryStore:
         tables = {
             r[0] for r in self._con.execute("SELECT table_name FROM duckdb_tables()").fetchall()
         }
-        if not tables and not read_only:
+        if not tables and read_only:
+            raise HistoryError(f"{self.path}: an empty database: no run was added to it yet")
+        if not tables:
             with self._transaction():
                 for statement in _SCHEMA:
                     self._con.execute(statement)

@@ -31,7 +31,7 @@ from harness.gates import (
 from harness.history import Past, entry_id, past_of, series_of
 from harness.lifecycle._exit import EXIT_SETUP, exit_code
 from harness.lifecycle._results import RunResult
-from harness.outputs import Concluded, junit_run, write_outputs
+from harness.outputs import Concluded, junit_run, send_traces, traces_endpoint, write_outputs
 from harness.runfolder import (
     BASELINE_JSON,
     GATES_JSON,
@@ -60,10 +60,18 @@ def conclude(
     ``keep_baseline`` also copies the baseline into the run folder (``baseline.json``: the
     baseline the run was gated against, for ``zerowindow analyze``). ``info``
     is ``run.json`` as the run began it; the end of the run is added to it. A report that
-    cannot be written is a warning on stderr and changes nothing else. ``history``: the
-    history file history gates read (``None``: none kept; recorded in ``run.json``)."""
+    cannot be written is a warning on stderr and changes nothing else, and so are traces that
+    cannot be sent to the OTLP endpoint (``[traces]``, ``harness.outputs._otlp_send``; sent
+    again when a folder is analysed again). ``history``: the history file history gates read
+    (``None``: none kept; recorded in ``run.json``)."""
     analysis = analyze(run_dir, facts)
     write_analysis(run_dir, analysis)
+    traces = facts.scenario.traces
+    if endpoint := traces_endpoint(traces.otlp_endpoint):
+        sent = send_traces(analysis.traces, analysis.resource, analysis.version, endpoint,
+                           timeout_s=traces.timeout_s)  # fmt: skip
+        if sent is not None:
+            print(f"warning: {sent}", file=sys.stderr)
     summary = analysis.summary
     gates: list[Gate] = list(facts.scenario.gates)
     # Per-request samples only when a gate will read them (they cost a pass over the chunks).

@@ -13,6 +13,7 @@ from harness.outputs._history import (
 )
 from harness.outputs._junit import JunitSuite, junit_run, junit_xml, write_junit
 from harness.outputs._matrix import abort_text, ratio_text, wasted_text
+from harness.outputs._otlp_send import send_traces, traces_endpoint
 from harness.outputs._repeats import print_repeats, repeats_markdown
 from harness.outputs._report import ReportError, render_report, report_or_warning, write_report
 from harness.outputs._step_summary import (
@@ -36,6 +37,8 @@ from harness.outputs._sweep import print_sweep, write_sweep
 from harness.outputs._writers import OUTPUTS, Concluded, FolderOutput, write_outputs
 
 __all__ = [
+    "send_traces",
+    "traces_endpoint",
     "HISTORY_HTML",
     "history_markdown",
     "print_history",

@@ -5,6 +5,7 @@ with their intervals as a band, commits on hover, change points marked, gate bou
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -16,13 +17,16 @@ from markupsafe import Markup
 from rich.console import Console
 from rich.table import Table
 
-from harness.history import FigureTrend, series_label
+from harness.history import MIN_RUNS, FigureTrend, series_label
 from harness.outputs._report import fragment, plotly_js
 
 HISTORY_HTML = "history.html"
+PAGE_RUNS = 50  # the runs listed on the page, newest first
 
 
 def _points_text(trend: FigureTrend) -> str:
+    if len(trend.runs) < MIN_RUNS:
+        return f"not looked for: {len(trend.runs)} run(s), {MIN_RUNS} needed"
     if not trend.points:
         return "none"
     return "; ".join(
@@ -58,7 +62,8 @@ def provenance_row(entry: pd.Series) -> dict[str, str]:
 def print_history(entries: pd.DataFrame, trends: Sequence[FigureTrend],
                   console: Console | None = None) -> None:  # fmt: skip
     """The entries with their provenance, then one row per figure and series."""
-    console = console or Console()
+    # Piped (CI logs): wide enough for the provenance table, not the 80 columns of a pipe.
+    console = console or Console(width=None if sys.stdout.isatty() else 200)
     rows = [provenance_row(e) for _, e in entries.iterrows()]
     table = Table(title=f"{len(rows)} run(s) in the history")
     for column in rows[0] if rows else []:
@@ -113,18 +118,33 @@ def trend_figure(trend: FigureTrend) -> go.Figure:
         go.Scatter(x=x, y=runs["value"], mode="lines+markers", name=trend.figure, text=hover,
                    hovertemplate="%{y:.6g}<br>%{text}<extra></extra>")
     )  # fmt: skip
-    if runs["bound"].notna().any():
+    low, high = _y_range(runs)
+    bound = runs["bound"].dropna()
+    if len(bound) and low <= float(bound.iloc[-1]) <= high:  # a far bound would flatten the data
         fig.add_trace(go.Scatter(x=x, y=runs["bound"], mode="lines", name="gate bound",
                                  line={"dash": "dot", "color": "#c62828"}))  # fmt: skip
+    title = f"{trend.figure} (worse when {trend.direction})"
+    if len(bound):
+        title += f"; gate bound {float(bound.iloc[-1]):.6g}"
     for p in trend.points:
         fig.add_vline(x=p.index + 0.5, line_dash="dash", line_color="#ef6c00",
-                      annotation_text=f"{p.change * 100:+.1f}%, p={p.p_value:.2g}")  # fmt: skip
+                      annotation_text=f"{p.change * 100:+.1f}%, p={p.p_value:.2g}",
+                      annotation_position="top left")  # fmt: skip
     fig.update_layout(
-        title=f"{trend.figure} (worse when {trend.direction})", height=320,
-        margin={"l": 50, "r": 20, "t": 40, "b": 40}, xaxis_title="run", showlegend=False,
-        xaxis={"tickformat": "d"},
+        title=title, height=320, margin={"l": 60, "r": 20, "t": 50, "b": 40},
+        xaxis_title="run", showlegend=False, yaxis={"range": [low, high]},
+        xaxis={"tickformat": "d", "dtick": max(1, len(runs) // 10)},
     )  # fmt: skip
     return fig
+
+
+def _y_range(runs: pd.DataFrame) -> tuple[float, float]:
+    """The values (and their intervals), padded, and never narrower than 10 % of their mean
+    around it: a chart of a steady figure shows it steady, not its noise magnified."""
+    values = pd.concat([runs["value"], runs["low"], runs["high"]]).dropna()
+    lo, hi = float(values.min()), float(values.max())
+    middle, half = (lo + hi) / 2, max((hi - lo) / 2 * 1.15, abs(float(runs["value"].mean())) * 0.05)
+    return middle - half, middle + half
 
 
 _PAGE = """<!DOCTYPE html>
@@ -137,14 +157,18 @@ _PAGE = """<!DOCTYPE html>
  th { background: #f5f5f5; } h2 { font-size: 17px; margin-top: 22px; }
 </style><script>{{ plotly_js }}</script></head><body>
 <h1>zerowindow history: {{ scenario }}</h1>
-<p>{{ rows | length }} run(s); change points by Apache Otava
+<p>{{ total }} run(s); change points by Apache Otava
  (E-divisive, t-test p &lt; {{ max_pvalue }}).</p>
-<table><tr>{% for c in columns %}<th>{{ c }}</th>{% endfor %}</tr>
-{% for r in rows %}<tr>{% for c in columns %}<td>{{ r[c] }}</td>{% endfor %}</tr>
+<table><tr><th>figure</th><th>series</th><th>runs</th><th>newest</th><th>change points</th></tr>
+{% for t in table %}<tr>{% for cell in t %}<td>{{ cell }}</td>{% endfor %}</tr>
 {% endfor %}</table>
 {% for label, charts in series %}<h2>{{ label }}</h2>
 {% for chart in charts %}<div class="trend">{{ chart }}</div>{% endfor %}{% endfor %}
 {% if not series %}<p>No figure matched.</p>{% endif %}
+<h2>The runs{% if rows | length < total %} (the newest {{ rows | length }}){% endif %}</h2>
+<table><tr>{% for c in columns %}<th>{{ c }}</th>{% endfor %}</tr>
+{% for r in rows %}<tr>{% for c in columns %}<td>{{ r[c] }}</td>{% endfor %}</tr>
+{% endfor %}</table>
 </body></html>
 """
 
@@ -153,14 +177,17 @@ def render_history(
     scenario: str, entries: pd.DataFrame, trends: Sequence[FigureTrend], *, max_pvalue: float
 ) -> str:
     """The history page (module docstring); it inlines plotly.js and opens offline."""
-    rows = [provenance_row(e) for _, e in entries.iterrows()]
+    rows = [provenance_row(e) for _, e in entries.tail(PAGE_RUNS).iloc[::-1].iterrows()]
+    table = [(t.figure, series_label(t.series_key), len(t.runs),
+              f"{t.runs['value'].iloc[-1]:.6g}", _points_text(t)) for t in trends]  # fmt: skip
     series: dict[str, list[Markup]] = {}
     for i, t in enumerate(trends):
         chart = Markup(fragment(trend_figure(t), f"trend-{i}"))  # noqa: S704 (plotly's HTML)
         series.setdefault(series_label(t.series_key), []).append(chart)
     env = jinja2.Environment(autoescape=True)
     return env.from_string(_PAGE).render(
-        scenario=scenario, rows=rows, columns=list(rows[0]) if rows else [],
+        scenario=scenario, rows=rows, columns=list(rows[0]) if rows else [], table=table,
+        total=len(entries),
         series=list(series.items()), plotly_js=Markup(plotly_js()),  # noqa: S704
         max_pvalue=max_pvalue,
     )  # fmt: skip

@@ -33,6 +33,7 @@ SCENARIO_TOML = "scenario.toml"
 ERROR_LOG = "error.log"
 REQUESTS = "requests.parquet"
 CHUNKS = "chunks.parquet"
+TRACES_OTLP = "traces.otlp.json"  # the requests' spans, OTLP/JSON (harness.analysis._otlp)
 SERVER_METRICS = "server_metrics.parquet"
 SOCKETS = "sockets.parquet"
 PROXY = "proxy.parquet"

@@ -20,6 +20,7 @@ from harness.scenario._models import (
     NetemConfig,
     Scenario,
     ServerNetConfig,
+    TracesConfig,
     VerdictConfig,
 )
 from harness.scenario._placement import PlacementConfig
@@ -57,6 +58,7 @@ __all__ = [
     "GateSyntaxError",
     "GatingConfig",
     "HistoryConfig",
+    "TracesConfig",
     "IncidentConfig",
     "MatrixConfig",
     "NamedProxyConfig",

@@ -220,6 +220,18 @@ class HistoryConfig(_Strict):
     enabled: bool = True
 
 
+class TracesConfig(_Strict):
+    """Where the run's traces go besides ``traces.otlp.json`` (``harness.outputs._otlp_send``):
+    ``otlp_endpoint``, an OTLP/HTTP URL (``http://127.0.0.1:4318``: ``/v1/traces`` is appended
+    to a URL without a path), else ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, else
+    ``OTEL_EXPORTER_OTLP_ENDPOINT``; none: not sent. A sending that fails is a warning."""
+
+    otlp_endpoint: str | None = Field(
+        None, pattern=r"^https?://", description="OTLP/HTTP traces endpoint (protobuf bodies)"
+    )
+    timeout_s: float = Field(10.0, gt=0, description="per request to the endpoint")
+
+
 class Scenario(_Strict):
     """A whole experiment. ``proxy`` stands between the clients and the target (default: none).
     ``proxies`` instead lists several proxy configurations: the same workload then runs through
@@ -258,6 +270,7 @@ class Scenario(_Strict):
     )
     gating: GatingConfig = GatingConfig()
     history: HistoryConfig = HistoryConfig()
+    traces: TracesConfig = TracesConfig()
 
     @field_validator("gates")
     @classmethod

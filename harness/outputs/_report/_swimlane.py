@@ -3,16 +3,9 @@ its client saw below, on the report's time axis (seconds since ``RunData.t0``, t
 measurement, as the timelines).
 
 Engine row, from ``engine_requests.parquet`` joined by ``requests.parquet``'s
-``engine_request_id``: queued (arrival to first scheduled), prefill (to first token), decode
-(to generation end), each minus the preempted spans (a preemption to its resume, or to
-generation end or KV freed when it never resumed), the spans in which generation waited for the
-server's send path with the engine kept (``send_blocked_at`` to ``send_unblocked_at``, between
-the first token and the engine's release: a single-context engine such as llama-cpp-python), KV
-held after generation (generation end to KV freed, when positive, less those spans) and a "KV
-freed" mark. Client row, from ``requests.parquet`` and the raw records: waiting for the first
-token (send to first token, else to first byte), receiving (from then to the last byte, minus
-stalls), stalled (the records' ``stalls``; ``t_stall`` plus ``stall_s`` without records) and a
-mark where the client saw a cut (``t_cut_seen``, ``cut_kind``).
+``engine_request_id``, and client row, from ``requests.parquet`` and the raw records: the spans
+of ``harness.analysis._spans`` (the same the run's OpenTelemetry traces hold), with a "KV freed"
+mark on the engine row and a mark where the client saw a cut (``t_cut_seen``, ``cut_kind``).
 
 No proxy row: what a proxy hop holds (its Send-Q toward the clients or the hop in front, its
 Recv-Q from its upstream, its buffered bytes) is not observable per request for the gateways a
@@ -26,12 +19,13 @@ its peaks in a table (``summary.json`` ``proxy.hops``).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import pandas as pd
 
+from harness.analysis import client_spans, engine_spans
+from harness.analysis import finite as _t
+from harness.analysis import sorted_times as _times
 from harness.outputs._format import fmt_number
 from harness.outputs._report._data import RunData
 
@@ -46,6 +40,7 @@ ENGINE_KINDS = {  # kind -> (legend label, colour)
     "send_blocked": ("engine kept, generation waiting for delivery", "#fb6a4a"),
 }
 CLIENT_KINDS = {
+    "connect": ("connecting", "#bdbdbd"),
     "waiting": ("waiting for the first token", "#d9d9d9"),
     "receiving": ("receiving", "#009e73"),
     "stalled": ("stalled (not reading)", "#e69f00"),  # the timeline's stall-onset colour
@@ -103,128 +98,6 @@ class Swimlane:
     def unmatched(self) -> int:
         """Lanes without an engine row although the run has one (no engine id joined)."""
         return len(self.labels) - self.engine_rows if self.has_engine else 0
-
-
-def _t(value: Any) -> float | None:
-    """A time or number as a float; ``None`` for null or NaN."""
-    if value is None:
-        return None
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(out) else out
-
-
-def _times(value: Any) -> list[float]:
-    """A list column (``preempted_at``, ``resumed_at``) as sorted floats; ``[]`` for null."""
-    if value is None or isinstance(value, float | str):
-        return []
-    return sorted(t for v in value if (t := _t(v)) is not None)
-
-
-def _first(*values: float | None) -> float | None:
-    return next((v for v in values if v is not None), None)
-
-
-def subtract(a: float, b: float, holes: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
-    """``[a, b]`` minus the intervals ``holes``: the pieces that remain, in order (seconds)."""
-    pieces = [(a, b)]
-    for h0, h1 in sorted(holes):
-        out = []
-        for p0, p1 in pieces:
-            if h1 <= p0 or h0 >= p1:
-                out.append((p0, p1))
-                continue
-            if h0 > p0:
-                out.append((p0, h0))
-            if h1 < p1:
-                out.append((h1, p1))
-        pieces = out
-    return pieces
-
-
-def preempted(engine: pd.Series) -> list[tuple[float, float]]:
-    """The engine request's preempted spans (monotonic s): each ``preempted_at`` to the first
-    later ``resumed_at`` not already used, else to generation end, else to KV freed."""
-    resumes = _times(engine.get("resumed_at"))
-    stop = _first(_t(engine.get("t_generation_end")), _t(engine.get("t_kv_freed")))
-    out = []
-    for p in _times(engine.get("preempted_at")):
-        later = [r for r in resumes if r >= p]
-        if later:
-            resumes.remove(later[0])
-            out.append((p, later[0]))
-        elif stop is not None and stop > p:
-            out.append((p, stop))
-    return out
-
-
-def engine_spans(engine: pd.Series) -> list[tuple[str, float, float]]:
-    """``(kind, start, end)`` (monotonic s) of one ``engine_requests`` row. A moment that never
-    came (null) ends the phase before it at the next one that did."""
-    arrival, sched, first, gen_end, freed = (
-        _t(engine.get(c)) for c in
-        ("t_arrival", "t_first_scheduled", "t_first_token", "t_generation_end", "t_kv_freed")
-    )  # fmt: skip
-    end = _first(gen_end, freed)
-    holes = preempted(engine)
-    blocked = []
-    last = _first(freed, end)
-    if first is not None and last is not None:  # from the first token to the engine's release
-        starts = _times(engine.get("send_blocked_at"))
-        pairs = zip(starts, _times(engine.get("send_unblocked_at")), strict=False)
-        blocked = [(max(a, first), min(b, last)) for a, b in pairs if min(b, last) > max(a, first)]
-    phases = [
-        ("queued", arrival, _first(sched, first, end)),
-        ("prefill", sched, _first(first, end)),
-        ("decode", first, end),
-    ]
-    out = []
-    for kind, a, b in phases:
-        if a is not None and b is not None and b > a:
-            cut = holes + blocked if kind == "decode" else holes
-            out += [(kind, p0, p1) for p0, p1 in subtract(a, b, cut) if p1 > p0]
-    out += [("preempted", p0, p1) for p0, p1 in holes]
-    out += [("send_blocked", p0, p1) for p0, p1 in blocked]
-    if gen_end is not None and freed is not None and freed > gen_end:
-        out += [("kv_held", a, b) for a, b in subtract(gen_end, freed, blocked) if b > a]
-    return out
-
-
-def client_spans(
-    req: pd.Series, stalls: Sequence[Sequence[float | None]] | None
-) -> list[tuple[str, float, float]]:
-    """``(kind, start, end)`` (monotonic s) of one ``requests`` row; ``stalls`` are the raw
-    record's ``[start, end]`` pairs (``None`` without records: then ``t_stall`` plus
-    ``stall_s``, an approximation that merges several stalls into one)."""
-    send, lb, end = (_t(req.get(c)) for c in ("t_send", "t_last_byte", "t_end"))
-    # Waiting lasts until the first token: a server that answers its headers at once and its
-    # first token seconds later (llama-cpp-python behind a held lock) kept the client waiting.
-    fb = _first(_t(req.get("t_first_token")), _t(req.get("t_first_byte")))
-    cut = _t(req.get("t_cut_seen"))
-    last = _first(end, cut, lb)
-    holes: list[tuple[float, float]] = []
-    if stalls is not None:
-        for start, stop in stalls:
-            s0, s1 = _t(start), _first(_t(stop), end, lb)
-            if s0 is not None and s1 is not None and s1 > s0:
-                holes.append((s0, s1))
-    elif (t_stall := _t(req.get("t_stall"))) is not None:
-        stall_s = _t(req.get("stall_s")) or 0.0
-        stop = t_stall + stall_s if stall_s > 0 else last
-        if last is not None and stop is not None:
-            stop = min(stop, last)
-        if stop is not None and stop > t_stall:
-            holes.append((t_stall, stop))
-    out: list[tuple[str, float, float]] = []
-    wait_end = _first(fb, last)
-    if send is not None and wait_end is not None and wait_end > send:
-        out.append(("waiting", send, wait_end))
-    if fb is not None and lb is not None and lb > fb:
-        out += [("receiving", a, b) for a, b in subtract(fb, lb, holes) if b > a]
-    out += [("stalled", a, b) for a, b in holes]
-    return out
 
 
 def engine_note(data: RunData) -> str | None:
