@@ -21,6 +21,7 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,8 +96,6 @@ def test_markers_are_known_and_each_marks_a_block():
 
 @pytest.mark.parametrize("block", TOML_BLOCKS, ids=lambda b: b.where)
 def test_toml_block_is_a_scenario(block: Block, tmp_path: Path) -> None:
-    import tomllib
-
     path = tmp_path / "doc.toml"
     if block.marker.startswith("skip:"):
         tomllib.loads(block.body)  # TOML at least
