@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,16 +119,48 @@ def _script(page: str, folder: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-@pytest.mark.parametrize("page", RUN_PAGES)
-def test_the_pages_commands_run(page: str, tmp_path: Path) -> None:
-    script = _script(page, tmp_path)
+LANES = 3  # pages run three at a time: their runs mostly wait (holds, start-up), on 2 CPUs
+
+
+def _start(page: str, folder: Path) -> subprocess.Popen[str]:
+    """Start ``page``'s commands as one bash script in ``folder`` (its output to files)."""
+    script = _script(page, folder)
     for name in ("scenarios", "models"):
-        (tmp_path / name).symlink_to(REPO / name)
+        (folder / name).symlink_to(REPO / name)
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    done = subprocess.run(
-        ["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    tail = (done.stdout[-3000:] + "\n" + done.stderr[-3000:]).strip()
-    assert done.returncode == 0, f"docs/{page}: a command failed (exit {done.returncode}):\n{tail}"
+    out, err = (open(folder / f".{n}", "w") for n in ("stdout", "stderr"))  # noqa: SIM115
+    return subprocess.Popen(["bash", "-c", script], cwd=folder, env=env, stdout=out, stderr=err,
+                            text=True, start_new_session=True)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def page_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, str]]:
+    """Every runnable page's exit code and output tail, run ``LANES`` at a time (the slowest
+    first) within 300 s each."""
+    results: dict[str, tuple[int, str]] = {}
+    waiting = list(RUN_PAGES)
+    running: dict[str, tuple[subprocess.Popen[str], Path, float]] = {}
+    while waiting or running:
+        while waiting and len(running) < LANES:
+            page = waiting.pop(0)
+            folder = tmp_path_factory.mktemp(page.removesuffix(".md"))
+            running[page] = (_start(page, folder), folder, time.monotonic())
+        for page, (proc, folder, t0) in list(running.items()):
+            if proc.poll() is None and time.monotonic() - t0 < 300:
+                continue
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            tail = "\n".join((folder / f".{n}").read_text()[-3000:] for n in ("stdout", "stderr"))
+            results[page] = (proc.returncode, tail.strip())
+            del running[page]
+        time.sleep(0.1)
+    return results
+
+
+@pytest.mark.parametrize("page", RUN_PAGES)
+def test_the_pages_commands_run(page: str, page_runs: dict[str, tuple[int, str]]) -> None:
+    code, tail = page_runs[page]
+    assert code == 0, f"docs/{page}: a command failed (exit {code}):\n{tail}"
