@@ -25,7 +25,7 @@ EXAMPLES = {
     "baseline save": "results/sim-gates/20261206T120000Z",
     "suite run": "scenarios/incidents --target sim --only whole-answer-disconnect",
     "history add": "results/",
-    "history show": "sim-gates --figure 'fast.*_p99_ms' --out site/",
+    "history show": "sim-gates --figure 'fast.*_p99_ms' --out trends/",
     "history check": "scenarios/sim-gates.toml --junit history.xml",
     "bench client": "--streams 100 --events 2000",
     "bench proxy": "--proxies none,egress,nginx --duration-s 5",

@@ -26,7 +26,7 @@ def _gate(value: Any) -> Gate:
         raise PydanticCustomError("gate_syntax", "{reason}", {"reason": str(exc)}) from None
 
 
-# A gate in a scenario: written and read as its text, held parsed (see harness.gates._gates).
+# A gate in a scenario: written and read as its text, held parsed (harness.scenario._gate_syntax).
 GateField = Annotated[Gate, PlainValidator(_gate), PlainSerializer(str, return_type=str)]
 
 

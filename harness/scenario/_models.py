@@ -235,7 +235,7 @@ class TracesConfig(_Strict):
 class Scenario(_Strict):
     """A whole experiment. ``proxy`` stands between the clients and the target (default: none).
     ``proxies`` instead lists several proxy configurations: the same workload then runs through
-    each in turn against one target (see ``harness.lifecycle._comparison_run``).
+    each in turn against one target (see ``harness.lifecycle._plan_run``).
     ``max_duration_s`` bounds the load phase; ``cooldown_s`` is how long the collectors keep
     sampling after the last load process ended. ``plugins`` are modules or ``.py`` files that
     register kinds of their own (:func:`zwcore.load_plugins`), imported before the rest is
@@ -259,7 +259,9 @@ class Scenario(_Strict):
         "others' impact (impact.<group>.<figure>) with intervals",
     )
     gates: list[GateField] = Field(
-        [], description="SLO gates such as 'fast.ttft_p99_ms <= 800' (see harness.gates._gates)"
+        [],
+        description="SLO gates such as 'fast.ttft_p99_ms <= 800' "
+        "(see harness.scenario._gate_syntax)",
     )
     repeats: int = Field(
         1,
