@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import textwrap
 import types
 import typing
 from typing import Any
@@ -102,8 +103,18 @@ def _models_in(annotation: Any) -> list[type[BaseModel]]:
 
 
 def _doc(model: type[BaseModel]) -> str:
-    doc = inspect.getdoc(model) or ""
-    return " ".join(doc.split())
+    """A model's docstring as Markdown: each paragraph on one line, a reST literal block (the
+    indented paragraph after one ending ``::``) as a fenced code block."""
+    out: list[str] = []
+    literal = False
+    for paragraph in (inspect.getdoc(model) or "").split("\n\n"):
+        if literal and paragraph.startswith((" ", "\t")):
+            out.append("```\n" + textwrap.dedent(paragraph).strip("\n") + "\n```")
+            continue
+        text = " ".join(paragraph.split())
+        literal = text.endswith("::")
+        out.append(text[:-1] if literal else text)
+    return "\n\n".join(out)
 
 
 def scenario_reference() -> str:
