@@ -9,8 +9,11 @@ command's own options (a renamed option fails them).
 from __future__ import annotations
 
 import inspect
+from typing import Annotated
 
 import typer
+
+from harness.servers import package_version
 
 # Command path (as typed after `zerowindow`) -> an example invocation's arguments.
 EXAMPLES = {
@@ -71,3 +74,22 @@ def polish(app: typer.Typer, path: str = "") -> None:
     for group in app.registered_groups:
         assert group.typer_instance is not None
         polish(group.typer_instance, f"{path} {group.name}".strip())
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"zerowindow {package_version('zerowindow')}")
+        raise typer.Exit(0)
+
+
+def add_root_options(app: typer.Typer) -> None:
+    """The options of ``zerowindow`` itself: ``--version``."""
+
+    @app.callback()
+    def _root(
+        version: Annotated[
+            bool,
+            typer.Option("--version", is_eager=True, callback=_version, help="print the version"),
+        ] = False,
+    ) -> None:
+        """Chaos and load testing for LLM streaming servers."""

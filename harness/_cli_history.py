@@ -51,7 +51,9 @@ NoHistoryOption = Annotated[
 ]
 FigureOption = Annotated[
     list[str] | None,
-    typer.Option("--figure", help="figure name or glob (fast.*_p99_ms); repeatable"),
+    typer.Option(
+        "--figure", metavar="GLOB", help="figure name or glob (fast.*_p99_ms); repeatable"
+    ),
 ]
 
 

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from harness._cli_bench import bench_app
 from harness._cli_errors import fail, setup_errors
-from harness._cli_help import polish
+from harness._cli_help import add_root_options, polish
 from harness._cli_history import HistoryOption, NoHistoryOption, history_app
 from harness._cli_plan import parse_rates, show_plan
 from harness._cli_tools import add_tool_commands
@@ -38,6 +38,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 add_tool_commands(app)
+add_root_options(app)
 baseline_app = typer.Typer(help="Baselines for relative gates.", no_args_is_help=True)
 app.add_typer(baseline_app, name="baseline")
 suite_app = typer.Typer(help="The incident regression suite.", no_args_is_help=True)

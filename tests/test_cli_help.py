@@ -68,3 +68,8 @@ def test_help_on_a_terminal_wraps_and_ends_with_the_example():
     proc = run_cli("history", "show", "--help")
     assert proc.returncode == 0
     assert "Example: zerowindow history show sim-gates" in proc.stdout
+
+
+def test_version():
+    proc = run_cli("--version")
+    assert proc.returncode == 0 and proc.stdout.startswith("zerowindow ")
