@@ -51,12 +51,6 @@ def series_label(key: dict[str, Any]) -> str:
     return " | ".join(str(p) for p in parts)
 
 
-def gate_figures(store: HistoryStore, entry_ids: Sequence[str]) -> list[str]:
-    """The figures the gates of these entries named, in first-seen order."""
-    gates = store.gates(entry_ids)
-    return list(dict.fromkeys(gates["figure"].dropna())) if len(gates) else []
-
-
 def trends(
     store: HistoryStore,
     scenario: str,
@@ -75,12 +69,12 @@ def trends(
     if entries.empty:
         return []
     ids = list(entries["entry_id"])
-    values = store.figures(ids)
-    patterns = list(figures) or [*gate_figures(store, ids), *DEFAULT_FIGURES]
+    values, gates = store.figures(ids), store.gates(ids)
+    named = list(dict.fromkeys(gates["figure"].dropna())) if len(gates) else []
+    patterns = list(figures) or [*named, *DEFAULT_FIGURES]
     names = [n for n in dict.fromkeys(values["figure"])
              if any(fnmatch.fnmatchcase(n, p) for p in patterns)]  # fmt: skip
     names.sort(key=lambda n: min(i for i, p in enumerate(patterns) if fnmatch.fnmatchcase(n, p)))
-    gates = store.gates(ids)
     bounds = gates[gates["bound"].notna() & ~gates["gate"].str.contains("baseline|history")]
     columns = ["entry_id", "started_utc", "commit_sha", "ci_run_id", "status", "repeats",
                "folder", "series"]  # fmt: skip
