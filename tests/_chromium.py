@@ -23,7 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import websocket
+
+# Tests that open a page in Chromium are skipped, saying why, where Debian's chromium is missing.
+needs_chromium = pytest.mark.skipif(
+    shutil.which("chromium") is None, reason="chromium is not installed (apt-get install chromium)"
+)
 
 # A page check for plotly pages: per plot div, its size, the subplot titles and, per subplot, the
 # line paths drawn (a "d" attribute longer than a bare move) and the markers.

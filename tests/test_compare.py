@@ -14,6 +14,7 @@ import pytest
 from harness.lifecycle import RunResult
 from harness.outputs._compare import compare_runs, html_page, render, rich_table
 from harness.outputs._report import ReportError
+from tests._chromium import needs_chromium
 from tests._sim_runs import sim_runs
 from tests.conftest import REPO, ZEROWINDOW
 
@@ -88,7 +89,7 @@ def test_html_overlays_the_cdfs_of_both_runs(dirs):
     assert page.count(f"{dirs[1].name} (n=") == 4
 
 
-@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium is not installed")
+@needs_chromium
 def test_html_opens_in_chromium(dirs, tmp_path):
     from tests._chromium import PLOT_CHECK, open_page
 

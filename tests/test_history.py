@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -24,13 +23,10 @@ from harness.history import (
 )
 from harness.lifecycle import RunResult
 from harness.scenario import GateSyntaxError, parse_gate
+from tests._chromium import needs_chromium
 from tests._sim_runs import sim_runs
 from tests.conftest import run_cli
 from zwcore import HistoryError
-
-needs_chromium = pytest.mark.skipif(
-    shutil.which("chromium") is None, reason="chromium is not installed (apt-get install chromium)"
-)
 
 
 def _series(seed: int, n: int = 60, step_at: int | None = None, step: float = 1.15) -> list[float]:

@@ -21,12 +21,9 @@ from harness.outputs._report import (
     write_report,
 )
 from harness.outputs._report._data import events, itl_ms, load_run, ttft_ms
+from tests._chromium import needs_chromium
 from tests._sim_runs import rst_run, sim_runs
 from tests.conftest import REPO, ZEROWINDOW
-
-needs_chromium = pytest.mark.skipif(
-    shutil.which("chromium") is None, reason="chromium is not installed (apt-get install chromium)"
-)
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ time (``proxy.parquet``), with or without the ``hop`` column."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -20,6 +19,7 @@ from harness.outputs._report import render_report
 from harness.outputs._report._data import hop_samples, load_run
 from harness.outputs._report._swimlane import swimlane
 from loadgen import RecordWriter, RequestRecord
+from tests._chromium import needs_chromium
 
 T0 = 1000.0  # monotonic s of the first send: the report's time origin
 
@@ -320,7 +320,7 @@ def test_no_requests_no_swimlane(tmp_path):
     assert 'id="swimlane"' not in html and "<strong>no request</strong>" in html
 
 
-@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium is not installed")
+@needs_chromium
 def test_swimlane_draws_in_chromium(tmp_path):
     from tests._chromium import open_page
 
