@@ -24,7 +24,7 @@ from harness.history._entries import (
     series_key,
     series_of,
 )
-from harness.history._past import Past, past_of, plan_past
+from harness.history._past import Past, past_of, plan_past, run_past
 from harness.history._store import HistoryStore
 from harness.history._trend import (
     MIN_RUNS,
@@ -83,6 +83,7 @@ __all__ = [
     "trends",
     "arm_info",
     "plan_past",
+    "run_past",
     "ChangePoint",
     "Entry",
     "HistoryError",

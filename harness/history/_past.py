@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from harness.analysis import PlanRecord
 from harness.history._entries import arm_info, entry_id, series_of
@@ -29,6 +30,17 @@ def past_of(path: Path | None, series: str, exclude: str) -> Past | None:
             return [v for _, v in store.series_values(series, figure, exclude=exclude)]
 
     return values
+
+
+def run_past(history: Path | None, info: dict[str, Any], arm: str) -> Past | None:
+    """The past of a run (``info``: its ``run.json``; ``arm``: its configuration) in
+    ``history``, for its history gates (:func:`past_of`)."""
+    scenario = info.get("scenario", {})
+    return past_of(
+        history,
+        series_of(scenario, arm, info),
+        entry_id("run", scenario.get("name", ""), arm, info),
+    )
 
 
 def plan_past(history: Path | None, folder: Path, record: PlanRecord, arm: Arm) -> Past | None:

@@ -28,7 +28,7 @@ from harness.gates import (
     evaluate_gates,
     load_baseline,
 )
-from harness.history import Past, entry_id, past_of, series_of
+from harness.history import run_past
 from harness.lifecycle._exit import EXIT_SETUP, exit_code
 from harness.lifecycle._results import RunResult
 from harness.outputs import Concluded, junit_run, send_traces, traces_endpoint, write_outputs
@@ -123,17 +123,6 @@ def conclude(
     for warning in write_outputs(Concluded(run_dir, units, report=report)):
         print(warning, file=sys.stderr)
     return result
-
-
-def run_past(history: Path | None, info: dict[str, Any], arm: str) -> Past | None:
-    """The past of a run (``info``: its ``run.json``; ``arm``: its configuration) in
-    ``history``, for its history gates."""
-    scenario = info.get("scenario", {})
-    return past_of(
-        history,
-        series_of(scenario, arm, info),
-        entry_id("run", scenario.get("name", ""), arm, info),
-    )
 
 
 def reanalyze_run(
