@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import pandas as pd
@@ -181,6 +182,44 @@ def test_retarget_replaces_only_the_target() -> None:
     assert retarget(vllm, "sim").groups == vllm.groups
 
 
+def _run_cut_matrix(
+    out: Path, url: str, engine_dir: Path, leaves: list[str]
+) -> tuple[subprocess.CompletedProcess[str], dict[str, object], pd.DataFrame]:
+    """Run the catalogue's matrix in the decode phase only, with ``leaves``, streamed and
+    whole, on the shared vLLM; returns the command's result, the JUnit cases and the requests."""
+    folder = out / "incidents"
+    folder.mkdir(parents=True)
+    text = (INCIDENTS / "disconnect-matrix.toml").read_text()
+    cut = (
+        f'[matrix]\nphases = ["decode"]\nleaves = {json.dumps(leaves)}\n'
+        'answers = ["stream", "whole"]\nvictim_rps = 2.0\n'
+    )
+    text = text.replace('    "queued-rst.zombies == 0",\n', "")
+    # 3 s cells, not 4: a leaver is gone (and a closer aborted) within a second or two. Decode
+    # leavers leave at their first token's read: the tiny vLLM decodes 900 tokens in ~1.4 s and
+    # a load process sharing a CPU with vLLM's API server and the harness overslept a 0.2 s wait
+    # by up to 1.3 s (CI, stop 33). Whole answers bring no token: their leavers leave 0.3 s after
+    # the send. Victims at 2 requests/s, not 4: the less that CPU has to do, the sooner they read.
+    text = text.replace("cell_s = 4\n", "cell_s = 3\nwhole_decode_leave_after_s = 0.3\n")
+    text = re.sub(r"^decode_leave_after_s = [0-9.]+", "decode_leave_after_s = 0", text, flags=re.M)
+    (folder / "disconnect-matrix.toml").write_text(text.replace("[matrix]\n", cut))
+    res = run_cli(
+        "suite", "run", str(folder), "--target-url", url, "--engine-dir", str(engine_dir),
+        "--out", str(out), timeout=900,
+    )  # fmt: skip
+    assert "Traceback" not in res.stderr, res.stderr[-3000:]
+    cases = _cases(next(out.glob("suite/*/junit.xml")))
+    run_dir = next(out.glob("suite/*/disconnect-matrix/*/"))
+    return res, cases, pd.read_parquet(run_dir / "requests.parquet")
+
+
+def _phases(requests: pd.DataFrame) -> str:
+    return requests.groupby(["group", "leave_phase"], dropna=False).size().to_string()
+
+
+SHOWN = ["group", "leave_phase", "engine_finish_reason", "leave_to_abort_ms"]
+
+
 @pytest.mark.vllm
 def test_the_disconnect_matrix_on_vllm(
     vllm_server: str, vllm_engine_dir: Path, tmp_path: Path
@@ -188,64 +227,46 @@ def test_the_disconnect_matrix_on_vllm(
     # The catalogue's matrix in the decode phase, four ways of leaving, each with streamed
     # answers and with answers asked whole (8 cells, ~45 s); the queued phase's gate is left
     # out. The vanish cells run last: the others meet an engine free of zombies.
-    folder = tmp_path / "incidents"
-    folder.mkdir()
-    text = (INCIDENTS / "disconnect-matrix.toml").read_text()
-    cut = (
-        '[matrix]\nphases = ["decode"]\nleaves = ["fin", "rst", "stall_fin", "vanish"]\n'
-        'answers = ["stream", "whole"]\n'
-    )
-    text = text.replace('    "queued-rst.zombies == 0",\n', "")
-    # 3 s cells, not 4: a leaver is gone (and a closer aborted) within a second or two. Decode
-    # leavers leave at their first token's read: the tiny vLLM decodes 900 tokens in ~1.4 s and
-    # a load process sharing 2 CPUs with it overslept a 0.2 s wait by up to 1.3 s (CI, stop 33).
-    # Whole answers bring no token: their leavers leave 0.3 s after the send.
-    text = text.replace("cell_s = 4\n", "cell_s = 3\nwhole_decode_leave_after_s = 0.3\n")
-    text = re.sub(r"^decode_leave_after_s = [0-9.]+", "decode_leave_after_s = 0", text, flags=re.M)
-    (folder / "disconnect-matrix.toml").write_text(text.replace("[matrix]\n", cut))
-    res = run_cli(
-        "suite", "run", str(folder), "--target-url", vllm_server,
-        "--engine-dir", str(vllm_engine_dir), "--out", str(tmp_path), timeout=900,
-    )  # fmt: skip
-    assert "Traceback" not in res.stderr, res.stderr[-3000:]
-    cases = _cases(next(tmp_path.glob("suite/*/junit.xml")))
+    leaves = ["fin", "rst", "stall_fin", "vanish"]
+    res, cases, requests = _run_cut_matrix(tmp_path, vllm_server, vllm_engine_dir, leaves)
     assert {"disconnect-matrix[decode-vanish]", "disconnect-matrix[decode-fin-whole]"} <= set(
         cases
     ) and len(cases) == 1 + 8, list(cases)
-    run_dir = next(tmp_path.glob("suite/*/disconnect-matrix/*/"))
-    requests = pd.read_parquet(run_dir / "requests.parquet")
     whole = requests["group"].str.endswith("-whole")
     assert (~requests.loc[whole, "stream"]).all() and requests.loc[~whole, "stream"].all()
     # Judge each client by where the engine's own record had it when it left.
     decoding = requests["leave_phase"] == "decode"
-    phases = requests.groupby(["group", "leave_phase"], dropna=False).size().to_string()
     closed = requests["group"].str.fullmatch(r"decode-(fin|rst)(-whole)?")
     # A FIN or RST is noticed and the request aborted "within about a second", streamed or
     # asked whole (vLLM's with_cancellation, vllm/entrypoints/serve/utils/api_utils.py, listens
     # for the disconnect of either: vLLM #10806 does not reproduce on this version).
     gone = requests[closed & decoding]
-    shown = ["group", "leave_phase", "engine_finish_reason", "leave_to_abort_ms"]
-    assert (gone["engine_finish_reason"] == "abort").all(), gone[shown].to_string()
-    assert (gone["leave_to_abort_ms"] < 2000).all(), gone[shown].to_string()
+    assert (gone["engine_finish_reason"] == "abort").all(), gone[SHOWN].to_string()
+    assert (gone["leave_to_abort_ms"] < 2000).all(), gone[SHOWN].to_string()
     # A load process on a busy machine may leave late (it once read its first 64 KiB 1.7 s after
     # they arrived): at least one closing client of each way of asking left mid-decode.
-    assert (closed & decoding & whole).sum() >= 1, phases
-    assert (closed & decoding & ~whole).sum() >= 1, phases
+    assert (closed & decoding & whole).sum() >= 1, _phases(requests)
+    assert (closed & decoding & ~whole).sum() >= 1, _phases(requests)
     stall_s = 1.5  # the scenario's stall_s
     stalled = requests[decoding & (requests["group"] == "decode-stall_fin")]
     # Never aborted during the stall: only after the close, or never if it finished first.
-    assert (stalled["leave_to_abort_ms"].dropna() >= stall_s * 1000 - 50).all(), stalled[shown]
-    # A vanished client is never aborted, however it asked: a zombie. (A load process late on
-    # a busy machine may leave only once the whole answer came: a fresh clone's whole-answer
-    # vanish cell left 2 s after the send, past generation's end, so one cell may lack it.)
-    vanished = requests[decoding & requests["group"].str.startswith("decode-vanish")]
-    assert len(vanished) >= 1, phases
-    assert vanished["leave_to_abort_ms"].isna().all(), vanished[shown]
-    assert (vanished["tokens_after_leave"] > 0).all(), vanished
+    assert (stalled["leave_to_abort_ms"].dropna() >= stall_s * 1000 - 50).all(), stalled[SHOWN]
     # The gates pass, unless a cell's clients all left too late to measure (a busy machine).
     failed = {n: c.result[0].message for n, c in cases.items() if c.result}  # type: ignore[attr-defined]
     assert res.returncode == (1 if failed else 0), res.stdout[-4000:] + res.stderr[-2000:]
     assert all("was not measured" in m for m in failed.values()), failed
+    # A vanished client is never aborted, however it asked: a zombie. A load process late on a
+    # busy machine may leave only once the whole answer came (CI, stop 37: all six vanished
+    # clients left after their answer's end or while queued behind the others' KV), so when no
+    # vanished client left mid-decode the two vanish cells run once more, alone.
+    vanished = requests[decoding & requests["group"].str.startswith("decode-vanish")]
+    if vanished.empty:
+        _, _, again = _run_cut_matrix(tmp_path / "again", vllm_server, vllm_engine_dir, ["vanish"])
+        decoding = again["leave_phase"] == "decode"
+        vanished = again[decoding & again["group"].str.startswith("decode-vanish")]
+        assert len(vanished) >= 1, _phases(requests) + "\nagain:\n" + _phases(again)
+    assert vanished["leave_to_abort_ms"].isna().all(), vanished[SHOWN]
+    assert (vanished["tokens_after_leave"] > 0).all(), vanished
 
 
 def test_junit_marks_skipped_and_failed_cases(tmp_path: Path) -> None:
