@@ -133,6 +133,15 @@ class SimMetrics:
             "vllm:num_preemptions", "Cumulative number of preemption from the engine."
         )
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        # vLLM counts a request's tokens and their cached prefix at its first lookup
+        # (PrefixCacheStats, vllm/v1/metrics/stats.py); nothing with prefix caching off.
+        self.prefix_cache_queries = counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+        )
+        self.prefix_cache_hits = counter(
+            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
+        )
         self.generation_tokens = counter(
             "vllm:generation_tokens", "Number of generation tokens processed."
         )
