@@ -153,7 +153,6 @@ def parse_request(body: Any, config: SimConfig, *, chat: bool) -> GenerationPara
         raise RequestError("the sim engine supports n=1 only", param="n")
     tokens, prompt_key = _chat_prompt_tokens(body) if chat else _prompt_tokens(body)
     prompt_len = len(tokens)
-
     limit = config.max_model_len
     if prompt_len >= limit:
         raise RequestError(
@@ -173,7 +172,6 @@ def parse_request(body: Any, config: SimConfig, *, chat: bool) -> GenerationPara
     # vLLM's get_max_tokens: the request's value capped by what the context has left.
     room = limit - prompt_len
     max_tokens = room if max_tokens is None else min(max_tokens, room)
-
     stream = bool(body.get("stream", False))
     options = body.get("stream_options")
     include_usage = continuous = False

@@ -299,10 +299,7 @@ class Scheduler:
         blocks = self.blocks
         budget = cfg.max_num_batched_tokens
         scheduled: list[SimRequest] = []
-        prefill_tokens = 0
-        decode_seqs = 0
-        preempted = 0
-        queries = hits = 0
+        prefill_tokens = decode_seqs = preempted = queries = hits = 0
         bs = cfg.block_size if cfg.enable_prefix_caching else 0
 
         running = self.running
@@ -334,7 +331,7 @@ class Scheduler:
             while waiting and len(running) < cfg.max_num_seqs:
                 request = waiting[0]
                 hashes = request.block_hashes(bs) if bs else ()
-                cached = blocks.num_cached_tokens(hashes, request.num_tokens) if bs else 0
+                cached = blocks.num_cached_tokens(hashes, request.num_tokens)
                 new_tokens = request.num_tokens - cached  # computed from the cached prefix
                 if new_tokens > budget and scheduled:
                     break
