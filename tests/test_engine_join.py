@@ -162,7 +162,8 @@ def test_the_prefix_cache_hits_join_each_request_and_make_its_groups_ratio():
     ]  # fmt: skip
     joined, _ = join_engine(*_frames(clients, engine))
     rows = joined.set_index("request_id")
-    assert rows.loc["b", "prompt_cached_tokens"] == 288 and rows.loc["b", "engine_prompt_tokens"] == 300
+    assert rows.loc["b", "prompt_cached_tokens"] == 288
+    assert rows.loc["b", "engine_prompt_tokens"] == 300
     assert np.isnan(rows.loc["c", "prompt_cached_tokens"])
     assert prefix_cache_figures(joined) == {"prompt_cached_tokens": 288, "prefix_hit_ratio": 0.48}
     assert prefix_cache_figures(joined[joined["request_id"] == "c"]) == {}

@@ -91,9 +91,9 @@ class EngineRecorder:
     def step(self, now: float, sched: Scheduler, step: ScheduledStep | None) -> None:
         """The row of ``step``, completed at ``now`` (monotonic s): the scheduler's state
         after ``complete`` (KV usage 0..1, KV blocks in use and cached-free, requests running
-        and waiting, preemptions so far) and the tokens the step computed (prefill + one per decoding sequence). ``None``: the
-        state after KV was freed between steps (0 tokens), so that the steps' KV usage falls
-        when held blocks are released on delivery."""
+        and waiting, preemptions so far) and the tokens the step computed (prefill + one per
+        decoding sequence). ``None``: the state after KV was freed between steps (0 tokens),
+        so that the steps' KV usage falls when held blocks are released on delivery."""
         tables = self._tables
         if tables is None:
             return

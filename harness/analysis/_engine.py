@@ -128,8 +128,7 @@ def _in_use_peak(steps: pd.DataFrame, spans: list[tuple[float, float]]) -> float
     if "kv_blocks_in_use" not in steps or not spans or not steps["kv_blocks_in_use"].notna().any():
         return None
     blocks = steps["kv_blocks_in_use"].astype(float).to_numpy()
-    peaks = [np.nanmax(blocks[w], initial=0.0) for w in (_steps_over(steps, a, b) for a, b in spans)]
-    return float(max(peaks))
+    return float(max(np.nanmax(blocks[_steps_over(steps, a, b)], initial=0.0) for a, b in spans))
 
 
 def _held_peak(
@@ -197,9 +196,9 @@ def kv_held_from_requests(
     still lacked output (the engine did not wait for delivery); ``not_observed`` if no request
     had output undelivered when its generation ended. Figures: ``kv_held_s`` (the union of the
     held spans, generation-end-to-free and send-blocked: each moment counted once),
-    ``kv_held_peak_perc`` (the most KV the held requests kept at once, their
-    ``kv_blocks_freed`` (at most the blocks in use) over ``kv_cache_blocks``, the engine's pool
-    (``engine_probe.json``): ``kv_held_peak_of = "held_blocks"``; without the pool's size, the peak KV usage of the
+    ``kv_held_peak_perc`` (the most KV the held requests kept at once, their ``kv_blocks_freed``
+    (at most the blocks in use) over ``kv_cache_blocks``, the pool (``engine_probe.json``):
+    ``"held_blocks"`` in ``kv_held_peak_of``; without the pool's size, the peak KV usage of the
     engine's steps over the union, victims admitted meanwhile included: ``"usage"``), the pool
     and that peak in bytes (:func:`_in_bytes`), ``kv_seconds`` (the engine's KV usage
     integrated over the union: an upper bound while victims ran), ``victims`` and
