@@ -210,10 +210,8 @@ class SimEngine:
         m.num_requests_waiting.set(sched.num_waiting)
         m.kv_cache_usage_perc.set(sched.blocks.usage)
         m.num_requests_held.set(sched.num_held)
-        if sched.held:
-            m.kv_blocks_held.set(sum(len(sched.blocks.blocks_of(rid)) for rid in sched.held))
-        else:
-            m.kv_blocks_held.set(0)
+        blocks = sched.blocks  # a prefix block two held requests share is one block
+        m.kv_blocks_held.set(len({b for rid in sched.held for b in blocks.blocks_of(rid)}))
 
     async def _run(self) -> None:
         clock = time.monotonic
