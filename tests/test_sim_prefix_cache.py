@@ -101,6 +101,7 @@ def test_the_tables_and_metrics_count_hits_and_cached_free_blocks(tmp_path: Path
 RUN = """
 name = "prefix"
 cooldown_s = 0.3
+gates = ["shared.prefix_hit_ratio > 0.4", "server.kv_blocks_cached_free_peak >= 8"]
 [target]
 kind = "sim"
 [target.engine]
@@ -117,7 +118,7 @@ arrival = { kind = "planned", requests = [
 
 def test_a_run_reports_the_groups_prefix_hits(tmp_path: Path) -> None:
     result = run_scenario(parse_scenario(RUN, path=Path("p.toml")), out_root=tmp_path)
-    assert result.exit_code == 0, result.summary.failure
+    assert result.exit_code == 0, result.summary.failure  # the gates on both figures passed
     requests = pd.read_parquet(result.run_dir / "requests.parquet").sort_values("t_send")
     # 256 shared words are 8 full blocks of 32 emulated tokens
     assert requests["prompt_cached_tokens"].tolist() == [0, 256]
