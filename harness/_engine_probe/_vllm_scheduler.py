@@ -20,10 +20,10 @@ into the folder named by ``ZEROWINDOW_ENGINE_DIR`` (the run folder; unset, it re
   ``Request.prefill_stats.num_cached_tokens``, local and KV-connector hits, which the scheduler
   sets at the request's first scheduling, vllm/v1/request.py and vllm/v1/metrics/stats.py
   ``PrefillStats``; ``Request.num_cached_tokens`` in vLLM versions before it) and each one
-  after a preemption (resumed), the step whose output holds its first token, ``_preempt_request``, ``_free_request`` (generation
-  end and finish reason: the engine stops generating for it) and ``_free_request_blocks`` with
-  the request finished (its KV blocks go back to the pool; with a KV connector that delays the
-  free, later than generation end).
+  after a preemption (resumed), the step whose output holds its first token,
+  ``_preempt_request``, ``_free_request`` (generation end and finish reason: the engine stops
+  generating for it) and ``_free_request_blocks`` with the request finished (its KV blocks go
+  back to the pool; with a KV connector that delays the free, later than generation end).
 
 A failure of the recording code never stops the engine: the probe writes ``engine_probe.json``
 with ``status = "failed"`` and the reason, stops recording and lets the engine run on; the
