@@ -109,33 +109,45 @@ class BlockManager:
         allocates nothing (and returns True).
         """
         blocks = self._owned.get(key)
+        if blocks is not None:  # growing: the hot path, one call per running request and step
+            need = self.blocks_for(num_tokens) - len(blocks)
+            if need > len(self._free):
+                return False
+            if need > 0:
+                self._take(blocks, need)
+            if len(block_hashes) > self._num_hashed[key]:
+                self._cache(key, blocks, block_hashes)
+            return True
         ref = self._ref
-        hits = self._hits(block_hashes, num_tokens) if blocks is None and block_hashes else []
-        have = len(hits) if blocks is None else len(blocks)
-        need = self.blocks_for(num_tokens) - have
+        hits = self._hits(block_hashes, num_tokens) if block_hashes else []
+        need = self.blocks_for(num_tokens) - len(hits)
         reclaimed = sum(1 for b in hits if ref[b] == 0)  # leave the free queue, not evicted
         if need + reclaimed > len(self._free):
             return False
-        if blocks is None:
-            blocks = self._owned[key] = []
-            self._num_hashed[key] = len(hits)
         for b in hits:
             if ref[b] == 0:
                 del self._free[b]
                 self._cached_free -= 1
             ref[b] += 1
-        blocks += hits
-        for _ in range(max(need, 0)):
-            b = self._free.popitem(last=False)[0]
-            if (h := self._hash[b]) is not None:
-                del self._cached[h]
-                self._hash[b] = None
-                self._cached_free -= 1
-            ref[b] = 1
-            blocks.append(b)
+        blocks = self._owned[key] = hits
+        self._num_hashed[key] = len(hits)
+        self._take(blocks, need)
         if len(block_hashes) > self._num_hashed[key]:
             self._cache(key, blocks, block_hashes)
         return True
+
+    def _take(self, blocks: list[int], n: int) -> None:
+        """Append ``n`` blocks from the front of the free queue to ``blocks``, evicting the
+        hash of any that carries one."""
+        free, hashes, ref = self._free, self._hash, self._ref
+        for _ in range(n):
+            b = free.popitem(last=False)[0]
+            if (h := hashes[b]) is not None:
+                del self._cached[h]
+                hashes[b] = None
+                self._cached_free -= 1
+            ref[b] = 1
+            blocks.append(b)
 
     def _cache(self, key: object, blocks: list[int], block_hashes: Sequence[int]) -> None:
         """Give ``key``'s full blocks not cached yet their hashes; a hash another block
