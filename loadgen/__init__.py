@@ -38,6 +38,14 @@ from ._arrivals import (
 from ._client import stream_request
 from ._clock import ClockEstimate, clock_estimates, to_harness_clock
 from ._config import SATURATION_ENV, GroupRunConfig, UserGroupConfig
+from ._conversations import (
+    CONVERSATION_FORMATS,
+    ConversationError,
+    ConversationFormat,
+    RecordedSession,
+    RecordedTurn,
+    read_conversations,
+)
 from ._lengths import (
     LENGTHS,
     FixedLength,
@@ -52,14 +60,6 @@ from ._prompt import build_prompt, prompt_seed
 from ._reads import READS, FullSpeed, Paced, ReadBehaviour, ReadConfig
 from ._records import OUTCOMES, Chunk, RecordWriter, RequestRecord, read_records, ttft_ms
 from ._request import RequestSpec, new_traceparent, trace_ids
-from ._conversations import (
-    CONVERSATION_FORMATS,
-    ConversationError,
-    ConversationFormat,
-    RecordedSession,
-    RecordedTurn,
-    read_conversations,
-)
 from ._session_config import (
     SESSION_ENDS,
     THINK_TIMES,

@@ -106,7 +106,8 @@ class ZerowindowConversations(ConversationFormat):
                     data.setdefault("id", str(n))
                     sessions.append(RecordedSession.model_validate(data))
                 except (ValueError, ValidationError) as exc:
-                    raise ConversationError(f"{path}:{n}: not a session ({_problem(exc)})") from None
+                    problem = _problem(exc)
+                    raise ConversationError(f"{path}:{n}: not a session ({problem})") from None
         return sessions
 
 
@@ -143,7 +144,7 @@ class ShareGPT(ConversationFormat):
                 turns[-1]["max_tokens"] = max(1, len(text.split()))
         if not turns:
             raise ConversationError(f"{where}: no human turn to send")
-        return RecordedSession(id=str(entry.get("id", index)), turns=turns)  # type: ignore[arg-type]
+        return RecordedSession(id=str(entry.get("id", index)), turns=turns)
 
 
 def read_conversations(path: Path, fmt: str) -> list[RecordedSession]:

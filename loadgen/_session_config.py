@@ -154,8 +154,8 @@ def draw_think_s(value: float | ThinkBase, rng: random.Random) -> float:
 
 class SessionConfig(BaseModel):
     """A group's conversations (see the module docstring). Validation errors name the field:
-    ``turns`` with ``file`` (the file gives each session's turns) or neither, ``format``
-    without ``file``, an unknown format, a file that is not of its format (with its line)."""
+    ``turns`` with ``file`` (the file gives each session's turns) or neither, an unknown
+    format, a file that is not of its format (with its line)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -175,7 +175,8 @@ class SessionConfig(BaseModel):
     format: str = Field(
         "zerowindow",
         description="the file's format, a registered conversation format (built in: "
-        + ", ".join(CONVERSATION_FORMATS.kinds()) + ")",
+        + ", ".join(CONVERSATION_FORMATS.kinds())
+        + ")",
     )
     recorded: list[RecordedSession] = Field(
         default_factory=list,
@@ -202,8 +203,6 @@ class SessionConfig(BaseModel):
                 f"one of them (got {', '.join(given) or 'neither'})"
             )
         if self.file is None:
-            if self.turns is not None and "format" in self.model_fields_set:
-                raise ValueError("session.format names the format of session.file: give a file")
             return self
         CONVERSATION_FORMATS.get(self.format)  # lists the registered formats
         try:

@@ -40,13 +40,22 @@ def turn_summaries(
     summarize: Callable[[str, pd.DataFrame], GroupSummary],
 ) -> list[GroupSummary]:
     """For each group with a ``session``: ``summarize(f"{group}.{part}", rows)`` for each
-    :data:`~loadgen.TURN_PARTS` part, its first turns and its later ones."""
+    :data:`~loadgen.TURN_PARTS` part, its first turns and its later ones, without the session
+    fields (a part holds pieces of sessions: they are its group's)."""
     if "turn" not in requests:
         return []
     part = requests["turn"].map(lambda t: None if pd.isna(t) else turn_part(int(t)))
     return [
-        summarize(f"{g.name}.{p}", requests[(requests["group"] == g.name) & (part == p)])
+        summarize(
+            f"{g.name}.{p}", requests[(requests["group"] == g.name) & (part == p)]
+        ).model_copy(update=_NO_SESSIONS)
         for g in groups
         if g.session is not None
         for p in TURN_PARTS
     ]
+
+
+_NO_SESSIONS = {
+    "sessions": 0, "sessions_complete": 0,
+    "session_duration_p50_s": None, "session_duration_p99_s": None,
+}  # fmt: skip

@@ -90,8 +90,8 @@ def run_samples(requests: pd.DataFrame, chunks: pd.DataFrame, *, repeat: int = 0
     if "behaviour" in requests and requests["behaviour"].notna().any():
         owners.append(requests["group"].astype(str) + "." + requests["behaviour"].astype(str))
     if "turn" in requests and requests["turn"].notna().any():
-        part = requests["turn"].map(lambda t: None if pd.isna(t) else turn_part(int(t)))
-        owners.append(requests["group"].astype(str) + "." + part.astype(str))
+        turns = requests["turn"].map(lambda t: None if pd.isna(t) else turn_part(int(t)))
+        owners.append(requests["group"].astype(str) + "." + turns.astype(str))
     frames = []
     for owner in owners:
         keep = owner.notna() & ~owner.str.endswith(".None") & ~owner.str.endswith(".nan")
