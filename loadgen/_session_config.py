@@ -153,9 +153,18 @@ def draw_think_s(value: float | ThinkBase, rng: random.Random) -> float:
 
 
 class SessionConfig(BaseModel):
-    """A group's conversations (see the module docstring). Validation errors name the field:
-    ``turns`` with ``file`` (the file gives each session's turns) or neither, an unknown
-    format, a file that is not of its format (with its line)."""
+    """A group's multi-turn conversations: each turn sends the conversation so far (earlier
+    user messages, the answers as received) and a new user message, as chat ``messages``.
+    Messages come from the seed (``turns`` turns of the group's ``prompt_tokens`` words) or
+    from a recorded ``file`` (``format``: ``zerowindow`` JSON lines or ``sharegpt``; see
+    ``docs/load.md``). ``think_s`` (s, a number or a ``uniform``/``exponential``
+    distribution) passes between a turn's end and the next send. The group's read and action
+    apply on ``action_turns`` (every turn when empty); the other turns read at full speed. A turn
+    that ends ``complete`` or ``client_abort`` (the client's own action) lets the session go
+    on with what was received; any other outcome ends it (``session_end = "turn_failed"``).
+
+    Validation errors name the field: ``turns`` with ``file`` or neither, an unknown format, a
+    file that is not of its format (with its line or entry)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
