@@ -68,6 +68,7 @@ from ._session_config import (
     SessionConfig,
     ThinkBase,
     UniformThink,
+    session_turns,
     turn_part,
 )
 from ._sockets import TCP_CLOSE, TCP_CLOSE_WAIT, peer_cut, tcp_state
@@ -92,7 +93,7 @@ from ._workers import (
 if TYPE_CHECKING:
     from ._lifecycle import exit_zero_on_request_failures, quit_when_users_done
     from ._saturation import sample_saturation
-    from ._sessions import SessionUser, session_turns
+    from ._sessions import SessionUser
     from ._users import (
         OpenLoopUser,
         RequestOutcomeError,
@@ -111,7 +112,6 @@ _LAZY = {
     "exit_zero_on_request_failures": "._lifecycle",
     "sample_saturation": "._saturation",
     "SessionUser": "._sessions",
-    "session_turns": "._sessions",
 }
 
 __all__ = [

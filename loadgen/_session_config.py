@@ -45,9 +45,11 @@ from ._conversations import (
     CONVERSATION_FORMATS,
     ConversationError,
     RecordedSession,
+    TurnPlan,
     read_conversations,
 )
-from ._lengths import TokenCount
+from ._lengths import LengthBase, TokenCount, draw_tokens
+from ._prompt import build_prompt, prompt_seed
 
 SESSION_ENDS = ("done", "turn_failed")
 """What a session's last record says of its end (``RequestRecord.session_end``)."""
@@ -230,3 +232,37 @@ class SessionConfig(BaseModel):
     def applies_on(self, turn: int) -> bool:
         """Whether the group's read and action apply on 1-based ``turn``."""
         return not self.action_turns or turn in self.action_turns
+
+
+def session_turns(
+    session: SessionConfig,
+    own_seed: int,
+    *,
+    prompt_tokens: int | LengthBase,
+    recorded: list[RecordedSession] | None = None,
+    order: int = 0,
+) -> list[TurnPlan]:
+    """The turns of one session: the recorded session at position ``order`` (modulo their
+    number) when there are ``recorded`` sessions; otherwise ``session.turns`` turns of
+    ``prompt_tokens``-word messages (each a number or a ``loadgen._lengths`` distribution),
+    drawn from ``own_seed``, the session's own seed."""
+    if recorded:
+        chosen = recorded[order % len(recorded)]
+        return [
+            TurnPlan(
+                t.user if t.user is not None else build_prompt(
+                    t.user_tokens or 1, prompt_seed(own_seed, k)
+                ),
+                t.user_tokens or len((t.user or "").split()),
+                t.max_tokens,
+                t.think_s,
+            )
+            for k, t in enumerate(chosen.turns, 1)
+        ]  # fmt: skip
+    assert session.turns is not None  # validated: turns, file or recorded
+    turns = draw_tokens(session.turns, random.Random(prompt_seed(own_seed, "turns")))
+    plans = []
+    for k in range(1, turns + 1):
+        words = draw_tokens(prompt_tokens, random.Random(prompt_seed(own_seed, k, "lengths")))
+        plans.append(TurnPlan(build_prompt(words, prompt_seed(own_seed, k)), words))
+    return plans

@@ -26,49 +26,14 @@ from ._arrivals import PlannedRequest
 from ._client import stream_request
 from ._config import ClientMixEntry
 from ._conversations import RecordedSession, TurnPlan
-from ._lengths import LengthBase, draw_tokens
-from ._prompt import build_prompt, prompt_seed
+from ._prompt import prompt_seed
 from ._reads import FullSpeed
 from ._records import RequestRecord
 from ._request import RequestSpec
-from ._session_config import CONTINUING_OUTCOMES, SessionConfig, draw_think_s
+from ._session_config import CONTINUING_OUTCOMES, SessionConfig, draw_think_s, session_turns
 from ._users import StreamingUser
 
 _recorded: dict[int, list[RecordedSession]] = {}
-
-
-def session_turns(
-    session: SessionConfig,
-    own_seed: int,
-    *,
-    prompt_tokens: int | LengthBase,
-    recorded: list[RecordedSession] | None = None,
-    order: int = 0,
-) -> list[TurnPlan]:
-    """The turns of one session: the recorded session at position ``order`` (modulo their
-    number) when there are ``recorded`` sessions; otherwise ``session.turns`` turns of
-    ``prompt_tokens``-word messages (each a number or a ``loadgen._lengths`` distribution),
-    drawn from ``own_seed``, the session's own seed."""
-    if recorded:
-        chosen = recorded[order % len(recorded)]
-        return [
-            TurnPlan(
-                t.user if t.user is not None else build_prompt(
-                    t.user_tokens or 1, prompt_seed(own_seed, k)
-                ),
-                t.user_tokens or len((t.user or "").split()),
-                t.max_tokens,
-                t.think_s,
-            )
-            for k, t in enumerate(chosen.turns, 1)
-        ]  # fmt: skip
-    assert session.turns is not None  # validated: turns, file or recorded
-    turns = draw_tokens(session.turns, random.Random(prompt_seed(own_seed, "turns")))
-    plans = []
-    for k in range(1, turns + 1):
-        words = draw_tokens(prompt_tokens, random.Random(prompt_seed(own_seed, k, "lengths")))
-        plans.append(TurnPlan(build_prompt(words, prompt_seed(own_seed, k)), words))
-    return plans
 
 
 class SessionUser(StreamingUser):
