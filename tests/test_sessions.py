@@ -222,3 +222,29 @@ def test_a_reader_stalled_on_turn_2_comes_back_for_turn_3(tmp_path: Path) -> Non
     assert figures["chat.later_turns.outcome.client_abort"] == 2
     records = [json.loads(line) for line in (result.run_dir / "records-chat.jsonl").open()]
     assert {r["endpoint"] for r in records} == {"chat"}
+
+
+@pytest.mark.vllm
+def test_two_turn_sessions_on_vllm_send_the_conversation(vllm_server: str, tmp_path: Path) -> None:
+    """On the shared vLLM server (chat endpoint, the tiny model's chat template): turn 2's
+    prompt, as vLLM counts it, holds turn 1's prompt and its answer."""
+    scenario = Scenario.model_validate(
+        {
+            "name": "vllm-sessions",
+            "cooldown_s": 0.5,
+            "target": {"kind": "url", "url": vllm_server, "served_model_name": "tiny"},
+            "groups": [
+                {"name": "chat", "users": 2, "endpoint": "chat", "prompt_tokens": 16,
+                 "max_tokens": 16, "session": {"turns": 2, "think_s": 0.1}},
+            ],
+        }
+    )  # fmt: skip
+    result = run_scenario(scenario, out_root=tmp_path)
+    assert result.exit_code == 0, result.summary.failure
+    requests = pd.read_parquet(result.run_dir / "requests.parquet")
+    assert set(requests["outcome"]) == {"complete"} and len(requests) == 4
+    for _, turns in requests.sort_values("turn").groupby("session_id"):
+        first, second = turns.iloc[0], turns.iloc[1]
+        assert second["context_tokens"] == 16 + first["completion_tokens"]
+        assert second["prompt_tokens"] >= first["prompt_tokens"] + first["completion_tokens"]
+    assert result.figures["chat.sessions_complete"] == 2
