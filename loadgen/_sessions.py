@@ -96,17 +96,15 @@ class SessionUser(StreamingUser):
             messages.append({"role": "user", "content": plan.text})
             spec = self._turn_spec(own, k, plan, entry, messages, context_tokens, session_id)
             record = stream_request(spec, on_interrupt=self._zw_records.write)
-            answer = "".join(c.text for c in record.chunks)
-            going_on = record.outcome in CONTINUING_OUTCOMES and k < len(turns)
-            if not going_on:
-                record.session_end = "done" if k == len(turns) and record.outcome in (
-                    CONTINUING_OUTCOMES
-                ) else "turn_failed"  # fmt: skip
+            went_on = record.outcome in CONTINUING_OUTCOMES
+            if not went_on or k == len(turns):
+                record.session_end = "done" if went_on else "turn_failed"
             self._zw_records.write(record)
             self.report(record)
             records.append(record)
-            if not going_on:
+            if record.session_end is not None:
                 break
+            answer = "".join(c.text for c in record.chunks)  # as received
             messages.append({"role": "assistant", "content": answer})
             context_tokens += plan.words + sum(c.tokens for c in record.chunks)
         return records

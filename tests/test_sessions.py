@@ -195,13 +195,27 @@ def test_a_reader_stalled_on_turn_2_comes_back_for_turn_3(tmp_path: Path) -> Non
             "session": chat.session.model_copy(update={"sessions_per_user": 1, "think_s": 0.05}),
         }
     )
+    # Sessions whose conversation outgrows the engine's context: turn 2 is refused (HTTP 400),
+    # and the session ends there.
+    overflow = UserGroupConfig.model_validate(
+        {"name": "overflow", "users": 1, "endpoint": "chat", "prompt_tokens": 100,
+         "max_tokens": 40, "session": {"turns": 3}}
+    )  # fmt: skip
+    engine = base.target.engine.model_copy(update={"max_model_len": 230})  # type: ignore[union-attr]
     scenario = base.model_copy(
-        update={"groups": [chat], "gates": [], "cooldown_s": 0.2, "max_duration_s": 30}
-    )
+        update={
+            "groups": [chat, overflow], "gates": [], "cooldown_s": 0.2, "max_duration_s": 30,
+            "target": base.target.model_copy(update={"engine": engine}),
+        }
+    )  # fmt: skip
     result = run_scenario(scenario, out_root=tmp_path)
-    requests = pd.read_parquet(result.run_dir / "requests.parquet").sort_values(
+    every = pd.read_parquet(result.run_dir / "requests.parquet").sort_values(
         ["session_id", "turn"]
     )
+    failed = every[every["group"] == "overflow"]
+    assert failed["outcome"].tolist() == ["complete", "http_error"]
+    assert failed["session_end"].tolist()[-1] == "turn_failed"
+    requests = every[every["group"] == "chat"]
     assert len(requests) == 6 and requests["session_id"].nunique() == 2
     for _, turns in requests.groupby("session_id"):
         assert turns["turn"].tolist() == [1, 2, 3]
@@ -220,6 +234,8 @@ def test_a_reader_stalled_on_turn_2_comes_back_for_turn_3(tmp_path: Path) -> Non
     assert figures["chat.turn1.requests"] == 2 and figures["chat.later_turns.requests"] == 4
     assert figures["chat.turn1.ttft_p50_ms"] is not None
     assert figures["chat.later_turns.outcome.client_abort"] == 2
+    assert figures["overflow.sessions"] == 1 and figures["overflow.sessions_complete"] == 0
+    assert figures["overflow.session_duration_p50_s"] is None  # of complete sessions only
     records = [json.loads(line) for line in (result.run_dir / "records-chat.jsonl").open()]
     assert {r["endpoint"] for r in records} == {"chat"}
 
