@@ -61,7 +61,6 @@ from ._reads import READS, FullSpeed, Paced, ReadBehaviour, ReadConfig
 from ._records import OUTCOMES, Chunk, RecordWriter, RequestRecord, read_records, ttft_ms
 from ._request import RequestSpec, new_traceparent, trace_ids
 from ._session_config import (
-    SESSION_ENDS,
     THINK_TIMES,
     TURN_PARTS,
     ExponentialThink,
@@ -121,7 +120,6 @@ __all__ = [
     "RecordedSession",
     "RecordedTurn",
     "read_conversations",
-    "SESSION_ENDS",
     "THINK_TIMES",
     "TURN_PARTS",
     "ExponentialThink",

@@ -197,8 +197,8 @@ class UserGroupConfig(BaseModel):
                 f'session sends the conversation as chat messages: set endpoint = "chat" '
                 f"(got {self.endpoint!r})"
             )
-        if isinstance(session.turns, int) and (late := [t for t in session.action_turns
-                                                        if t > session.turns]):  # fmt: skip
+        fixed = session.turns if isinstance(session.turns, int) else None
+        if fixed is not None and (late := [t for t in session.action_turns if t > fixed]):
             raise ValueError(
                 f"session.action_turns: turn {late[0]} is past session.turns = {session.turns}"
             )

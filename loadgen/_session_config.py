@@ -51,8 +51,6 @@ from ._conversations import (
 from ._lengths import LengthBase, TokenCount, draw_tokens
 from ._prompt import build_prompt, prompt_seed
 
-SESSION_ENDS = ("done", "turn_failed")
-"""What a session's last record says of its end (``RequestRecord.session_end``)."""
 CONTINUING_OUTCOMES = ("complete", "client_abort")
 """Turn outcomes after which a session sends its next turn."""
 TURN_PARTS = ("turn1", "later_turns")
