@@ -43,10 +43,14 @@ class RecordedTurn(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    user: str | None = Field(None, min_length=1)
-    user_tokens: int | None = Field(None, ge=1)
-    max_tokens: int | None = Field(None, ge=1)
-    think_s: float | None = Field(None, ge=0)
+    user: str | None = Field(None, min_length=1, description="the user message")
+    user_tokens: int | None = Field(
+        None, ge=1, description="or its length: a deterministic message of that many words"
+    )
+    max_tokens: int | None = Field(None, ge=1, description="default: the group's")
+    think_s: float | None = Field(
+        None, ge=0, description="pause before it is sent (s); default: the session's think_s"
+    )
 
     @model_validator(mode="after")
     def _one_message(self) -> RecordedTurn:
@@ -60,8 +64,8 @@ class RecordedSession(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    id: str
-    turns: list[RecordedTurn] = Field(min_length=1)
+    id: str = Field(description="the session's name in its file")
+    turns: list[RecordedTurn] = Field(min_length=1, description="its user turns, in order")
 
 
 class ConversationFormat:
