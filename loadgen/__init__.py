@@ -38,6 +38,14 @@ from ._arrivals import (
 from ._client import stream_request
 from ._clock import ClockEstimate, clock_estimates, to_harness_clock
 from ._config import SATURATION_ENV, GroupRunConfig, UserGroupConfig
+from ._conversations import (
+    CONVERSATION_FORMATS,
+    ConversationError,
+    ConversationFormat,
+    RecordedSession,
+    RecordedTurn,
+    read_conversations,
+)
 from ._lengths import (
     LENGTHS,
     FixedLength,
@@ -52,6 +60,16 @@ from ._prompt import build_prompt, prompt_seed
 from ._reads import READS, FullSpeed, Paced, ReadBehaviour, ReadConfig
 from ._records import OUTCOMES, Chunk, RecordWriter, RequestRecord, read_records, ttft_ms
 from ._request import RequestSpec, new_traceparent, trace_ids
+from ._session_config import (
+    THINK_TIMES,
+    TURN_PARTS,
+    ExponentialThink,
+    SessionConfig,
+    ThinkBase,
+    UniformThink,
+    session_turns,
+    turn_part,
+)
 from ._sockets import TCP_CLOSE, TCP_CLOSE_WAIT, peer_cut, tcp_state
 from ._sse import SSEDecoder, SSEEvent
 from ._tail import LineTail
@@ -74,6 +92,7 @@ from ._workers import (
 if TYPE_CHECKING:
     from ._lifecycle import exit_zero_on_request_failures, quit_when_users_done
     from ._saturation import sample_saturation
+    from ._sessions import SessionUser
     from ._users import (
         OpenLoopUser,
         RequestOutcomeError,
@@ -91,9 +110,25 @@ _LAZY = {
     "quit_when_users_done": "._lifecycle",
     "exit_zero_on_request_failures": "._lifecycle",
     "sample_saturation": "._saturation",
+    "SessionUser": "._sessions",
 }
 
 __all__ = [
+    "CONVERSATION_FORMATS",
+    "ConversationError",
+    "ConversationFormat",
+    "RecordedSession",
+    "RecordedTurn",
+    "read_conversations",
+    "THINK_TIMES",
+    "TURN_PARTS",
+    "ExponentialThink",
+    "SessionConfig",
+    "SessionUser",
+    "ThinkBase",
+    "UniformThink",
+    "session_turns",
+    "turn_part",
     "ClockEstimate",
     "clock_estimates",
     "to_harness_clock",

@@ -43,6 +43,9 @@ def _record(spec: RequestSpec, t_send: float) -> RequestRecord:
         t_scheduled=spec.t_scheduled,
         schedule_index=spec.schedule_index,
         behaviour=spec.behaviour,
+        session_id=spec.session_id,
+        turn=spec.turn,
+        context_tokens=spec.context_tokens,
         trace_id=trace_id,
         span_id=span_id,
     )

@@ -18,6 +18,7 @@ from ._actions import ActionConfig
 from ._arrivals import ArrivalConfig
 from ._lengths import TokenCount
 from ._reads import FullSpeed, ReadConfig
+from ._session_config import TURN_PARTS, SessionConfig
 
 # Environment variable naming the file where a load process appends its saturation samples
 # (CPU use and gevent loop lag); read by ``loadgen._saturation``, set by the harness. It lives
@@ -90,7 +91,9 @@ class UserGroupConfig(BaseModel):
     Validation errors (``pydantic.ValidationError``): out-of-range numbers, unknown fields or
     kinds, a ``stall``/``stop_reading`` pause not shorter than ``timeout_s``, a closed loop
     without ``users`` or ``requests_per_user``, an open loop with them, an action that waits
-    for tokens of an answer asked for whole.
+    for tokens of an answer asked for whole; a ``session`` with ``arrival``, with
+    ``requests_per_user``, on an endpoint other than ``chat``, with ``action_turns`` past its
+    fixed ``turns``, or beside a mix entry named ``turn1`` or ``later_turns``.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -149,11 +152,17 @@ class UserGroupConfig(BaseModel):
         description="a group whose cost to the others is under test (slow readers): a "
         "scenario with control = true also runs without it",
     )
+    session: SessionConfig | None = Field(
+        None,
+        description="closed loop, chat: each user holds session.sessions_per_user multi-turn "
+        "conversations (in place of requests_per_user)",
+    )
 
     @model_validator(mode="after")
     def _one_loop(self) -> UserGroupConfig:
         if self.arrival is None:
-            missing = [f for f in ("users", "requests_per_user") if getattr(self, f) is None]
+            bounds = ("users",) if self.session else ("users", "requests_per_user")
+            missing = [f for f in bounds if getattr(self, f) is None]
             if missing:
                 raise ValueError(
                     f"{' and '.join(missing)} {'are' if len(missing) > 1 else 'is'} required "
@@ -167,6 +176,45 @@ class UserGroupConfig(BaseModel):
                     "its arrival's requests or duration_s bound it, max_concurrency caps it"
                 )
         return self
+
+    @model_validator(mode="after")
+    def _session_fits(self) -> UserGroupConfig:
+        session = self.session
+        if session is None:
+            return self
+        if self.arrival is not None:
+            raise ValueError(
+                "session does not apply to an open-loop group (arrival): a conversation's "
+                "next turn waits for the answer before it; use users = N"
+            )
+        if self.requests_per_user is not None:
+            raise ValueError(
+                "requests_per_user does not apply with session: session.sessions_per_user "
+                "bounds each user (and session.turns each session)"
+            )
+        if self.endpoint != "chat":
+            raise ValueError(
+                f'session sends the conversation as chat messages: set endpoint = "chat" '
+                f"(got {self.endpoint!r})"
+            )
+        fixed = session.turns if isinstance(session.turns, int) else None
+        if fixed is not None and (late := [t for t in session.action_turns if t > fixed]):
+            raise ValueError(
+                f"session.action_turns: turn {late[0]} is past session.turns = {session.turns}"
+            )
+        if clash := [e.name for e in self.mix if e.name in TURN_PARTS]:
+            raise ValueError(
+                f"mix: the name {clash[0]!r} is a session's per-turn summary "
+                f"({', '.join(TURN_PARTS)}): name the entry otherwise"
+            )
+        return self
+
+    def owners(self) -> list[str]:
+        """The names of the group's summaries below its own: ``<group>.<behaviour>`` for
+        each mix entry, ``<group>.turn1`` and ``<group>.later_turns`` with a session."""
+        parts = [str(b.name) for b in self.behaviours()]
+        parts += list(TURN_PARTS) if self.session else []
+        return [f"{self.name}.{p}" for p in parts]
 
     @model_validator(mode="after")
     def _mix_names_differ(self) -> UserGroupConfig:

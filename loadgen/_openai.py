@@ -12,6 +12,7 @@ the middle of a stream as a ``data:`` payload holding an error object.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import msgspec
@@ -31,20 +32,27 @@ def request_body(
     prompt: str,
     max_tokens: int,
     ignore_eos: bool,
+    messages: Sequence[Mapping[str, str]] | None = None,
     min_tokens: bool = False,
     stream: bool = True,
 ) -> dict[str, Any]:
     """The JSON body of one request: streamed (``stream: true`` with usage in every chunk), or
     with ``stream=False`` answered whole (``stream: false``; OpenAI API reference).
 
-    ``endpoint="completions"`` sends ``prompt``; ``"chat"`` sends one user message. ``ignore_eos``
+    ``endpoint="completions"`` sends ``prompt``; ``"chat"`` sends ``messages`` (``{"role",
+    "content"}`` each, in order: a conversation) when given, else one user message of
+    ``prompt``. ``ignore_eos``
     is sent only when true (it is a vLLM extension that other servers may reject), and so is
     ``min_tokens`` (then ``min_tokens = max_tokens``: vLLM's sampling parameter, so the answer
     has ``max_tokens`` tokens on a server that honours it but not ``ignore_eos``). Raises
-    ``ValueError`` for an unknown endpoint.
+    ``ValueError`` for an unknown endpoint, or ``messages`` with ``"completions"``.
     """
     body: dict[str, Any] = {"model": model}
-    if endpoint == "completions":
+    if messages is not None and endpoint != "chat":
+        raise ValueError(f"messages are sent to the chat endpoint, not {endpoint!r}")
+    if messages is not None:
+        body["messages"] = [dict(m) for m in messages]
+    elif endpoint == "completions":
         body["prompt"] = prompt
     elif endpoint == "chat":
         body["messages"] = [{"role": "user", "content": prompt}]

@@ -85,6 +85,13 @@ class RequestRecord:
     ``trace_id`` (32 hex digits) and ``span_id`` (16) are the W3C ``traceparent`` the request
     carried: the trace of the request and the client's span in it (``None`` in records written
     before requests carried one).
+    A session's turn (``loadgen._session_config``) has ``session_id`` (the same on every turn of
+    one session), ``turn`` (1-based) and ``context_tokens``: the words (about tokens,
+    ``loadgen._prompt``) of the earlier user messages plus the output tokens of the earlier
+    answers as received, the part of the prompt a prefix cache could serve
+    (``prompt_tokens_requested`` counts them with the new message); ``session_end`` is set on a
+    session's last turn: ``"done"`` or ``"turn_failed"`` (its outcome ended the session). All
+    ``None`` for a request outside a session.
     """
 
     request_id: str
@@ -127,6 +134,10 @@ class RequestRecord:
     t_connected: float | None = None
     trace_id: str | None = None
     span_id: str | None = None
+    session_id: str | None = None
+    turn: int | None = None
+    context_tokens: int | None = None
+    session_end: str | None = None
 
     @property
     def ttft_ms(self) -> float | None:

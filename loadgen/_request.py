@@ -56,7 +56,9 @@ class RequestSpec:
     schedule, are recorded as is, and so is ``behaviour``, the name of the client-mix entry
     the request was drawn as. ``traceparent``: the W3C trace context sent with the request
     (default: a fresh trace and span id, :func:`new_traceparent`), recorded as the record's
-    ``trace_id`` and ``span_id``.
+    ``trace_id`` and ``span_id``. ``messages``: the chat messages sent in place of one user
+    message of ``prompt`` (a session's turn; ``endpoint`` must be ``"chat"``); ``session_id``,
+    ``turn`` and ``context_tokens`` are recorded as is (:class:`~loadgen._records.RequestRecord`).
     """
 
     host: str
@@ -82,6 +84,10 @@ class RequestSpec:
     schedule_index: int | None = None
     behaviour: str | None = None
     traceparent: str = field(default_factory=new_traceparent)
+    messages: tuple[dict[str, str], ...] | None = None
+    session_id: str | None = None
+    turn: int | None = None
+    context_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -111,12 +117,14 @@ def request_bytes(spec: RequestSpec, target: Target) -> bytes:
     """The whole HTTP/1.1 request of ``spec`` to ``target``: a ``POST`` of the endpoint's JSON
     body with ``Accept: text/event-stream`` (``application/json`` when not streamed),
     ``Connection: close``, ``X-Request-Id``, ``traceparent`` (W3C Trace Context) and
-    ``Accept-Encoding`` when the spec has one."""
+    ``Accept-Encoding`` when the spec has one. Raises ``ValueError`` for ``messages`` with
+    an endpoint other than chat."""
     body = json.dumps(
         request_body(
             endpoint=spec.endpoint,
             model=spec.model,
             prompt=spec.prompt,
+            messages=spec.messages,
             max_tokens=spec.max_tokens,
             ignore_eos=spec.ignore_eos,
             min_tokens=spec.min_tokens,

@@ -392,7 +392,8 @@ def user_class_from_config(
     """A concrete Locust user class for ``group``: ``fixed_count = group.users`` (closed loop)
     or one dispatcher per load process (open loop, ``processes`` of them sharing its schedule).
 
-    The base is :class:`OpenLoopUser` for an open-loop group, else :class:`SlowReaderUser` when
+    The base is :class:`OpenLoopUser` for an open-loop group, ``loadgen._sessions.SessionUser``
+    for a group with a ``session``, else :class:`SlowReaderUser` when
     the group paces reads, sets ``rcvbuf_bytes`` or has an action, else
     :class:`StreamingUser`; every field of ``group`` overrides the base's defaults. The class
     name is ``group.name`` made an identifier. ``records_path``: the JSON-lines file the
@@ -404,6 +405,10 @@ def user_class_from_config(
     if group.arrival is not None:
         base = OpenLoopUser
         extra = {"arrival": group.arrival, "schedule_processes": processes}
+    elif group.session is not None:
+        from ._sessions import SessionUser
+
+        base, extra = SessionUser, {"session": group.session, "users": group.users}
     attrs: dict[str, Any] = {
         "__module__": __name__,
         "__doc__": f"User group {group.name!r}.",

@@ -159,7 +159,7 @@ def test_the_harness_does_not_import_gevent():
     code = (
         "import importlib, pkgutil, sys\n"
         "locust_bound = {'loadgen.locustfile', 'loadgen._users', 'loadgen._lifecycle',\n"
-        "                'loadgen._saturation', 'loadgen._distributed',\n"
+        "                'loadgen._saturation', 'loadgen._distributed', 'loadgen._sessions',\n"
         "                'harness._engine_probe._vllm_scheduler',\n"
         "                'harness._engine_probe._llamacpp_python'}\n"
         "for pkg in ('zwcore', 'netem', 'loadgen', 'harness'):\n"

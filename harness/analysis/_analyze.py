@@ -31,6 +31,7 @@ from harness.analysis._matrix import matrix_cells
 from harness.analysis._otlp import TraceSpan, otlp_json, run_spans, wall_offset_s
 from harness.analysis._proxy import hop_rows, hop_summaries, probe_rows, proxy_summary
 from harness.analysis._saturation import saturation_summary
+from harness.analysis._sessions import turn_summaries
 from harness.analysis._stalls import abort_times, attribute_aborts
 from harness.analysis._summary import (
     group_names,
@@ -337,6 +338,9 @@ def analyze(run_dir: Path, facts: RunFacts | None = None) -> Analysis:
         groups=[
             *(summarize_group(n, requests, chunks) for n in group_names(requests, groups)),
             *_behaviour_summaries(scenario, requests, chunks),
+            *turn_summaries(
+                scenario.groups, requests, lambda n, rows: summarize_requests(n, rows, chunks)
+            ),
         ],
         server=server,
         verdicts=verdicts,

@@ -13,6 +13,7 @@ import pandas as pd
 
 from harness.analysis._latency import inter_chunk_s, per_token_itl_s, percentile
 from harness.analysis._leaves import leave_summary
+from harness.analysis._sessions import session_figures
 from harness.analysis._stalls import generation_tokens, undelivered_tokens
 from harness.runfolder import GroupSummary, ServerSummary
 
@@ -86,6 +87,7 @@ def summarize_group(name: str, requests: pd.DataFrame, chunks: pd.DataFrame) -> 
         read_lag_max_ms=_maybe(req["read_lag_max_ms"].max()) if "read_lag_max_ms" in req else None,
         **_open_loop_figures(req),
         **_leave_figures(req),
+        **session_figures(req),
         **prefix_cache_figures(req),
     )
 

@@ -24,7 +24,7 @@ REQUEST_COLUMNS = [
     "server_retransmits", "stream_id", "timestamps", "read_lag_max_ms",
     "t_scheduled", "schedule_index", "send_lag_ms", "ttft_from_scheduled_ms",
     "e2e_from_scheduled_ms", "behaviour", "clock_bound_ms", "content_encoding",
-    "t_connected", "trace_id", "span_id",
+    "t_connected", "trace_id", "span_id", "session_id", "turn", "context_tokens", "session_end",
 ]  # fmt: skip
 # Per-request figures from the server's socket samples: column -> (sockets column, aggregate).
 SERVER_SOCKET_FIGURES = {
@@ -78,7 +78,8 @@ def requests_frame(records: list[RequestRecord], sockets: pd.DataFrame) -> pd.Da
     ``send_lag_ms`` (``t_send`` minus it), and TTFT and end-to-end latency counted from it
     (``ttft_from_scheduled_ms``, ``e2e_from_scheduled_ms``); NaN in a closed loop.
     ``clock_bound_ms``: for a worker on another clock, how far its times may be off (NaN on the
-    harness's clock; ``loadgen._clock``)."""
+    harness's clock; ``loadgen._clock``). Sessions: ``session_id``, ``turn`` (1-based),
+    ``context_tokens`` and ``session_end`` as recorded (``<NA>``/empty outside a session)."""
     rows: list[dict[str, Any]] = []
     for r in records:
         token_times = [c.t for c in r.chunks if c.tokens > 0]
@@ -111,7 +112,8 @@ def requests_frame(records: list[RequestRecord], sockets: pd.DataFrame) -> pd.Da
         "clock_bound_ms", "t_connected",
     ):  # fmt: skip
         frame[col] = frame[col].astype(float)
-    frame["schedule_index"] = frame["schedule_index"].astype("Int64")
+    for col in ("schedule_index", "turn", "context_tokens"):
+        frame[col] = frame[col].astype("Int64")
     figures = _server_socket_figures(frame, sockets)
     frame = frame.merge(figures, on="request_id", how="left")
     return frame[REQUEST_COLUMNS]

@@ -53,6 +53,7 @@ from harness.runfolder import (
     read_parquet,
     sample_of,
 )
+from loadgen import turn_part
 from zwcore import RunFolderError
 
 SAMPLE_COLUMNS = ["repeat", "request", "sample", "value"]
@@ -78,7 +79,8 @@ def empty_samples() -> pd.DataFrame:
 def run_samples(requests: pd.DataFrame, chunks: pd.DataFrame, *, repeat: int = 0) -> pd.DataFrame:
     """The per-request samples of one run (its ``requests.parquet`` and ``chunks.parquet``
     frames): one row per value, columns :data:`SAMPLE_COLUMNS`, ``sample`` named
-    ``<group>.<kind>`` (and ``<group>.<behaviour>.<kind>`` for a client mix's behaviours), ms.
+    ``<group>.<kind>`` (and ``<group>.<behaviour>.<kind>`` for a client mix's behaviours,
+    ``<group>.turn1.<kind>`` and ``<group>.later_turns.<kind>`` for a session's turns), ms.
     ``request`` numbers the run's requests; ITL gives one value per token, inter-chunk latency
     one per gap (as :mod:`harness.analysis._latency` defines them)."""
     if not len(requests):
@@ -87,6 +89,9 @@ def run_samples(requests: pd.DataFrame, chunks: pd.DataFrame, *, repeat: int = 0
     owners = [requests["group"].astype(str)]
     if "behaviour" in requests and requests["behaviour"].notna().any():
         owners.append(requests["group"].astype(str) + "." + requests["behaviour"].astype(str))
+    if "turn" in requests and requests["turn"].notna().any():
+        turns = requests["turn"].map(lambda t: None if pd.isna(t) else turn_part(int(t)))
+        owners.append(requests["group"].astype(str) + "." + turns.astype(str))
     frames = []
     for owner in owners:
         keep = owner.notna() & ~owner.str.endswith(".None") & ~owner.str.endswith(".nan")

@@ -202,8 +202,13 @@ def _master_argv(
 
 def _as_workers_get_it(group: UserGroupConfig, seed: int) -> UserGroupConfig:
     """``group`` as the locustfile carries it to workers: workers on other machines cannot read
-    a trace file, so a trace's plan is read here and travels whole (``planned``). Raises
-    :class:`~loadgen.TraceError` for an unreadable trace."""
+    a trace file, so a trace's plan is read here and travels whole (``planned``), and so do a
+    session file's sessions (``session.recorded``). Raises :class:`~loadgen.TraceError` for an
+    unreadable trace, :class:`~loadgen.ConversationError` for an unreadable session file."""
+    session = group.session
+    if session is not None and session.file is not None:
+        carried = session.model_copy(update={"file": None, "recorded": session.sessions()})
+        return group.model_copy(update={"session": carried})
     if not isinstance(group.arrival, TraceArrivals):
         return group
     return group.model_copy(update={"arrival": PlannedArrivals.from_trace(group.arrival, seed)})

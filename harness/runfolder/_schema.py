@@ -238,6 +238,14 @@ class GroupSummary(BaseModel):
     ttft_from_scheduled_p99_ms: float | None = None
     e2e_from_scheduled_p50_ms: float | None = None
     e2e_from_scheduled_p99_ms: float | None = None
+    # Sessions (``session``): sessions begun, sessions that sent every turn (their last
+    # record's ``session_end`` is ``done``), and the duration of those, from their first send
+    # to their last turn's end (s). Per turn: the summaries ``<group>.turn1`` and
+    # ``<group>.later_turns``.
+    sessions: int = 0
+    sessions_complete: int = 0
+    session_duration_p50_s: float | None = None
+    session_duration_p99_s: float | None = None
     # The engine's prefix cache (its own records): prompt tokens served from it at first
     # scheduling, summed, and their share of the prompt tokens of the same requests (0..1);
     # None without engine records that say.

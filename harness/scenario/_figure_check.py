@@ -66,9 +66,7 @@ def check_figures(
     is not one of ``groups``' figures (:func:`harness.runfolder.figure_names`; with a
     ``control`` arm also the impact figures of the groups that are not aggressors; with
     ``proxies``, the scenario's proxy configurations, their hops' figures, :func:`hop_figures`)."""
-    owners = [g.name for g in groups] + [
-        f"{g.name}.{b.name}" for g in groups for b in g.behaviours()
-    ]
+    owners = [g.name for g in groups] + [o for g in groups for o in g.owners()]
     valid, samples = figure_names(owners), sample_names(owners)
     if proxies:
         valid = sorted(valid + hop_figures(proxies))
