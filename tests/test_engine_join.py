@@ -16,6 +16,7 @@ from harness.analysis._engine import (
     probe_problem,
 )
 from harness.analysis._engine_join import engine_aborts, join_engine, stream_of
+from harness.analysis._summary import prefix_cache_figures
 
 
 def test_stream_of_takes_the_longest_prefix_at_a_dash():
@@ -131,6 +132,43 @@ def test_the_held_peak_is_the_held_requests_own_blocks_not_the_victims():
     assert joined.set_index("request_id").loc["a", "engine_kv_blocks_freed"] == 10
 
 
+def test_held_requests_sharing_prefix_blocks_count_each_block_in_use_once():
+    clients = [
+        _client(r, outcome="complete", last=5.0, tokens_at=[0.1, 0.2, 5.0]) for r in ("a", "b")
+    ]
+    engine = [  # both hold the same 6 prefix blocks and 4 of their own: 14 blocks in use
+        _engine("a", end=1.0, freed=5.0, tokens=3, blocks=10),
+        _engine("b", end=1.0, freed=5.0, tokens=3, blocks=10),
+    ]
+    joined, _ = join_engine(*_frames(clients, engine))
+    steps = pd.DataFrame(
+        {"t": [0.5, 1.0], "kv_cache_usage": [14 / 64, 14 / 64], "kv_blocks_in_use": [14, 14],
+         "kv_blocks_cached_free": [3, 3]}
+    )  # fmt: skip
+    verdict = kv_held_from_requests(joined, steps, held_min_ms=100, unjoined=0, kv_cache_blocks=64)
+    assert verdict["kv_held_peak_perc"] == pytest.approx(100.0 * 14 / 64)  # not 20: shared once
+
+
+def test_the_prefix_cache_hits_join_each_request_and_make_its_groups_ratio():
+    clients = [
+        _client(r, outcome="complete", last=1.0, tokens_at=[0.5, 1.0]) for r in ("a", "b", "c")
+    ]
+    engine = [
+        {**_engine("a", end=1.0, freed=1.0, tokens=2), "prompt_tokens": 300,
+         "prompt_cached_tokens": 0},
+        {**_engine("b", end=1.0, freed=1.0, tokens=2), "prompt_tokens": 300,
+         "prompt_cached_tokens": 288},
+        _engine("c", end=1.0, freed=1.0, tokens=2),  # an engine that does not say
+    ]  # fmt: skip
+    joined, _ = join_engine(*_frames(clients, engine))
+    rows = joined.set_index("request_id")
+    assert rows.loc["b", "prompt_cached_tokens"] == 288
+    assert rows.loc["b", "engine_prompt_tokens"] == 300
+    assert np.isnan(rows.loc["c", "prompt_cached_tokens"])
+    assert prefix_cache_figures(joined) == {"prompt_cached_tokens": 288, "prefix_hit_ratio": 0.48}
+    assert prefix_cache_figures(joined[joined["request_id"] == "c"]) == {}
+
+
 def test_fast_readers_only_are_not_observed():
     clients = [_client("a", outcome="complete", last=1.01, tokens_at=[0.5, 1.01])]
     joined, _ = join_engine(*_frames(clients, [_engine("a", end=1.0, freed=1.0, tokens=2)]))
@@ -169,12 +207,18 @@ def test_server_figures_from_steps_count_preemptions_from_the_engine_start():
             "num_requests_waiting": [1, 2, 0],
             "num_preemptions_total": [1, 3, 3],
             "num_scheduled_tokens": [10, 4, 1],
+            "kv_blocks_in_use": [32, 63, 0],
+            "kv_blocks_cached_free": [0, 0, 40],
         }
     )
     assert set(steps.columns) == set(STEP_SCHEMA.names)
     fig = engine_server_figures(steps)
     assert fig["kv_cache_usage_peak_perc"] == 100.0 and fig["preemptions"] == 3.0
     assert fig["running_peak"] == 4.0 and fig["waiting_peak"] == 2.0
+    assert fig["kv_blocks_in_use_peak"] == 63 and fig["kv_blocks_cached_free_peak"] == 40
+    # Steps of an engine that does not count its blocks: the figures are not measured.
+    old = engine_server_figures(steps.drop(columns=["kv_blocks_in_use", "kv_blocks_cached_free"]))
+    assert old["kv_blocks_in_use_peak"] is None and old["kv_blocks_cached_free_peak"] is None
     # A slice of a shared engine's steps: only the rises within it.
     assert engine_server_figures(steps.iloc[1:].assign(step=[5, 6]))["preemptions"] == 0.0
 

@@ -111,10 +111,17 @@ def _stream_ttft(url: str, prompt: str, max_tokens: int) -> tuple[float, int]:
     return ttft, tokens
 
 
+def _distinct(i: int, word: str, words: int) -> str:
+    """A prompt of ``words`` words that shares no block with another index's: the prefix cache
+    (on by default, as in vLLM) would otherwise share their KV blocks."""
+    return " ".join([f"p{i}"] + [word] * (words - 1))
+
+
 def _fast_readers(url: str, n: int, *, prompt_words: int, max_tokens: int) -> list[float]:
-    prompt = " ".join(["word"] * prompt_words)
     with ThreadPoolExecutor(n) as pool:
-        results = list(pool.map(lambda _: _stream_ttft(url, prompt, max_tokens), range(n)))
+        results = list(pool.map(
+            lambda i: _stream_ttft(url, _distinct(i, "word", prompt_words), max_tokens), range(n)
+        ))  # fmt: skip
     assert all(tokens == max_tokens for _, tokens in results)
     return [ttft for ttft, _ in results]
 
@@ -125,8 +132,10 @@ def _hostage_run(kv_release: str, stalled: int) -> tuple[float, float]:
     cfg = _config(kv_release, num_blocks=128, step_fixed_ms=2.0)
     with SimServer(cfg) as srv:
         # Long prompts make the stalled requests big (1500 tokens, 47 blocks) in few steps.
-        prompt = " ".join(["long"] * 1400)
-        clients = [stalled_client(srv.port, max_tokens=100, prompt=prompt) for _ in range(stalled)]
+        clients = [
+            stalled_client(srv.port, max_tokens=100, prompt=_distinct(100 + i, "long", 1400))
+            for i in range(stalled)
+        ]
         try:
             wait_for(
                 lambda: generation_over(srv.url, stalled * 100),

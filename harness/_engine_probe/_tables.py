@@ -49,6 +49,11 @@ STEP_SCHEMA = pa.schema([
     ("num_requests_waiting", pa.int64()),
     ("num_preemptions_total", pa.int64()),
     ("num_scheduled_tokens", pa.int64()),
+    # KV blocks held by requests (what kv_cache_usage is a fraction of) and free blocks that
+    # still carry a prefix-cache hash (reusable, evictable; null where the engine has no
+    # prefix cache to count)
+    ("kv_blocks_in_use", pa.int64()),
+    ("kv_blocks_cached_free", pa.int64()),
 ])  # fmt: skip
 
 REQUEST_SCHEMA = pa.schema([
@@ -60,6 +65,8 @@ REQUEST_SCHEMA = pa.schema([
     ("t_kv_freed", pa.float64()),
     ("finish_reason", pa.string()),
     ("prompt_tokens", pa.int64()),
+    # prompt tokens served from the prefix cache when first scheduled (null: not known)
+    ("prompt_cached_tokens", pa.int64()),
     ("output_tokens", pa.int64()),
     ("kv_blocks_peak", pa.int64()),
     ("kv_blocks_freed", pa.int64()),
@@ -163,8 +170,11 @@ class EngineTables:
         waiting: int,
         preemptions_total: int,
         scheduled_tokens: int,
+        kv_blocks_in_use: int | None = None,
+        kv_blocks_cached_free: int | None = None,
     ) -> None:
-        """One engine step ending at ``t`` (monotonic s); KV usage as a 0..1 fraction."""
+        """One engine step ending at ``t`` (monotonic s); KV usage as a 0..1 fraction, KV
+        blocks in use and free-but-cached as counts (``None``: not known)."""
         with self._lock:
             c = self.steps.columns
             c["t"].append(t)
@@ -174,6 +184,8 @@ class EngineTables:
             c["num_requests_waiting"].append(waiting)
             c["num_preemptions_total"].append(preemptions_total)
             c["num_scheduled_tokens"].append(scheduled_tokens)
+            c["kv_blocks_in_use"].append(kv_blocks_in_use)
+            c["kv_blocks_cached_free"].append(kv_blocks_cached_free)
             self._step += 1
 
     def request(self, row: dict[str, Any]) -> None:

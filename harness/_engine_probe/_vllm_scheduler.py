@@ -11,14 +11,19 @@ resolved config has ``async_scheduling`` on, else ``Scheduler``
 What it records, with ``time.monotonic()`` (CLOCK_MONOTONIC, the clock of the client records),
 into the folder named by ``ZEROWINDOW_ENGINE_DIR`` (the run folder; unset, it records nothing):
 
-- after each ``update_from_output`` (one engine step): KV usage, running, waiting, preemptions
-  so far and tokens scheduled (``engine_steps.parquet``);
+- after each ``update_from_output`` (one engine step): KV usage, KV blocks in use and blocks
+  free but kept for reuse by the prefix cache (``_vllm_blocks.CachedFreeCounter``: counted
+  incrementally, never by walking the pool), running, waiting, preemptions so far and tokens
+  scheduled (``engine_steps.parquet``);
 - per request (``engine_requests.parquet``): ``add_request`` (arrival), the first ``schedule``
-  that gives it tokens (first scheduled) and each one after a preemption (resumed), the
-  step whose output holds its first token, ``_preempt_request``, ``_free_request`` (generation
-  end and finish reason: the engine stops generating for it) and ``_free_request_blocks`` with
-  the request finished (its KV blocks go back to the pool; with a KV connector that delays the
-  free, later than generation end).
+  that gives it tokens (first scheduled, with the prompt tokens served from the prefix cache:
+  ``Request.prefill_stats.num_cached_tokens``, local and KV-connector hits, which the scheduler
+  sets at the request's first scheduling, vllm/v1/request.py and vllm/v1/metrics/stats.py
+  ``PrefillStats``; ``Request.num_cached_tokens`` in vLLM versions before it) and each one
+  after a preemption (resumed), the step whose output holds its first token,
+  ``_preempt_request``, ``_free_request`` (generation end and finish reason: the engine stops
+  generating for it) and ``_free_request_blocks`` with the request finished (its KV blocks go
+  back to the pool; with a KV connector that delays the free, later than generation end).
 
 A failure of the recording code never stops the engine: the probe writes ``engine_probe.json``
 with ``status = "failed"`` and the reason, stops recording and lets the engine run on; the
@@ -41,6 +46,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import RequestStatus
 
 from harness._engine_probe._tables import ENGINE_DIR_ENV, PROBE_ERROR, EngineTables, write_status
+from harness._engine_probe._vllm_blocks import CachedFreeCounter
 
 HOOKS = (
     "add_request",
@@ -72,6 +78,7 @@ class _RequestLife:
     t_first_token: float | None = None
     t_generation_end: float | None = None
     finish_reason: str | None = None
+    prompt_cached_tokens: int | None = None
     kv_blocks_peak: int = 0
     preempted_at: list[float] = field(default_factory=list)
     resumed_at: list[float] = field(default_factory=list)
@@ -87,12 +94,23 @@ class _RequestLife:
             "t_kv_freed": t_kv_freed,
             "finish_reason": self.finish_reason,
             "prompt_tokens": int(req.num_prompt_tokens),
+            "prompt_cached_tokens": self.prompt_cached_tokens,
             "output_tokens": int(req.num_output_tokens),
             "kv_blocks_peak": self.kv_blocks_peak,
             "kv_blocks_freed": kv_blocks_freed,
             "preempted_at": self.preempted_at,
             "resumed_at": self.resumed_at,
         }
+
+
+def _prompt_cached_tokens(request: Any) -> int | None:
+    """Prompt tokens of ``request`` served from the prefix cache (local and KV connector) at its
+    first scheduling; ``None`` where this vLLM does not say (see the module docstring)."""
+    stats = getattr(request, "prefill_stats", None)
+    n = getattr(stats, "num_cached_tokens", None) if stats is not None else None
+    if n is None:
+        n = getattr(request, "num_cached_tokens", None)
+    return int(n) if isinstance(n, int) and n >= 0 else None
 
 
 def _finish_reason(status: RequestStatus) -> str:
@@ -117,6 +135,7 @@ class _ProbeMixin:
         self._zw_preemptions = 0
         self._zw_cost_s = 0.0  # time the engine's thread spent in the probe's own code
         self._zw_lock = threading.Lock()
+        self._zw_counter: CachedFreeCounter | None = None
         out_dir = os.environ.get(ENGINE_DIR_ENV)
         if not out_dir:
             return
@@ -132,6 +151,7 @@ class _ProbeMixin:
         }
         try:
             write_status(out_dir, **self._zw_facts)
+            self._zw_counter = CachedFreeCounter.attach(self.kv_cache_manager.block_pool)  # type: ignore[attr-defined]
             self._zw_tables = EngineTables(
                 out_dir, on_error=self._zw_fail, on_flush=self._zw_report_cost
             )
@@ -238,6 +258,7 @@ class _ProbeMixin:
                         continue
                     if life.t_first_scheduled is None:
                         life.t_first_scheduled = now
+                        life.prompt_cached_tokens = _prompt_cached_tokens(life.request)
                     else:
                         life.resumed_at.append(now)
             except Exception as exc:  # noqa: BLE001
@@ -264,6 +285,7 @@ class _ProbeMixin:
                         life.t_first_token = now
                         self._zw_tokenless.discard(req_id)
             running, waiting = self.get_request_counts()  # type: ignore[attr-defined]
+            counter = self._zw_counter
             tables.step(
                 now,
                 kv_cache_usage=float(self.kv_cache_manager.usage),  # type: ignore[attr-defined]
@@ -271,6 +293,8 @@ class _ProbeMixin:
                 waiting=waiting,
                 preemptions_total=self._zw_preemptions,
                 scheduled_tokens=int(scheduler_output.total_num_scheduled_tokens),
+                kv_blocks_in_use=None if counter is None else counter.in_use,
+                kv_blocks_cached_free=None if counter is None else counter.count,
             )
         except Exception as exc:  # noqa: BLE001
             self._zw_fail(exc)

@@ -6,6 +6,10 @@ preemption and vLLM's metric names, plus a switch that vLLM does not have:
 response has left the server socket, coupling KV to slow readers as the incident write-up
 claims real servers do. It is the positive control for every KV verdict (DESIGN.md).
 
+Like vLLM v1, it keeps a prefix cache (``SimConfig.enable_prefix_caching``, on by default):
+freed full blocks stay findable by their tokens' hash, free but reusable, until an allocation
+evicts them; KV usage counts blocks in use only.
+
 With ``on_delivery``, a finished but undelivered request holds its KV blocks but is counted
 neither in ``vllm:num_requests_running`` nor in ``vllm:num_requests_waiting``;
 ``sim:num_requests_held_for_delivery`` and ``sim:kv_blocks_held_for_delivery`` count them.

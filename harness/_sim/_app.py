@@ -263,6 +263,7 @@ async def _generate(request: Request, *, chat: bool) -> Response:
             ignore_eos=params.ignore_eos,
             seed=params.seed,
             min_tokens=params.min_tokens,
+            prompt_tokens=params.prompt_tokens,
         )
     except RequestError as exc:
         return _error(exc)

@@ -64,6 +64,13 @@ class SimConfig(BaseModel):
     decode_ms_per_seq: float = Field(
         default=0.15, ge=0.0, description="cost per sequence decoding in a step, ms"
     )
+    enable_prefix_caching: bool = Field(
+        default=True,
+        description="keep freed full KV blocks findable by their tokens' hash and start a "
+        "request from its longest cached prefix of full blocks (vLLM v1's automatic prefix "
+        "caching, on by default: CacheConfig.enable_prefix_caching in vllm/config/cache.py); "
+        "tokens are the emulator's words and marks, a chat prompt's rendered messages",
+    )
     kv_release: KvRelease = Field(
         default="on_finish",
         description="when a finished request's KV blocks are freed: on_finish (vLLM) or "

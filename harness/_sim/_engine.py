@@ -145,11 +145,13 @@ class SimEngine:
         ignore_eos: bool,
         seed: int,
         min_tokens: int = 0,
+        prompt_tokens: tuple[object, ...] = (),
     ) -> RequestStream:
         """Queue a request under the engine id ``request_id``; returns its output collector.
 
         ``prompt_len``, ``max_tokens`` and ``min_tokens`` (no EOS before that many, vLLM's
-        sampling parameter) are in tokens; ``seed`` seeds its token draws.
+        sampling parameter) are in tokens; ``seed`` seeds its token draws; ``prompt_tokens``
+        (``prompt_len`` of them, or empty: never cached) are what the prefix cache hashes.
         Raises ``ValueError`` if it cannot fit in ``max_model_len`` or its id is in use.
         """
         self.start()
@@ -161,6 +163,7 @@ class SimEngine:
             min_tokens=min_tokens,
             seed=seed,
             arrival_time=time.monotonic(),
+            prompt_tokens=prompt_tokens,
         )
         self.scheduler.add_request(request)
         stream = RequestStream(request)
@@ -207,10 +210,8 @@ class SimEngine:
         m.num_requests_waiting.set(sched.num_waiting)
         m.kv_cache_usage_perc.set(sched.blocks.usage)
         m.num_requests_held.set(sched.num_held)
-        if sched.held:
-            m.kv_blocks_held.set(sum(len(sched.blocks.blocks_of(rid)) for rid in sched.held))
-        else:
-            m.kv_blocks_held.set(0)
+        blocks = sched.blocks  # a prefix block two held requests share is one block
+        m.kv_blocks_held.set(len({b for rid in sched.held for b in blocks.blocks_of(rid)}))
 
     async def _run(self) -> None:
         clock = time.monotonic
@@ -230,6 +231,9 @@ class SimEngine:
                 continue
             if step.num_preempted:
                 m.num_preemptions.inc(step.num_preempted)
+            if step.prefix_cache_queries:
+                m.prefix_cache_queries.inc(step.prefix_cache_queries)
+                m.prefix_cache_hits.inc(step.prefix_cache_hits)
             self._update_gauges()
             delay = start + step.duration_s - clock()
             await asyncio.sleep(delay if delay > 0 else 0)

@@ -13,6 +13,10 @@ generation has ended but whose response is still undelivered is *not* running (i
 batch slot and computes nothing) and *not* waiting; it only keeps
 ``vllm:kv_cache_usage_perc`` up. ``vllm:num_requests_waiting`` includes preempted requests.
 
+The prefix-cache counters count, as vLLM's ``PrefixCacheStats`` (vllm/v1/metrics/stats.py), a
+request's tokens (queries) and its cached prefix (hits) at its first admission (not after a
+preemption); nothing with prefix caching off.
+
 Two extra gauges, under a ``sim:`` prefix that vLLM does not use, expose what the emulator
 alone knows: requests whose generation ended but whose KV blocks wait for their response to
 be delivered (``kv_release="on_delivery"``), and those blocks.
@@ -133,6 +137,13 @@ class SimMetrics:
             "vllm:num_preemptions", "Cumulative number of preemption from the engine."
         )
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.prefix_cache_queries = counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+        )
+        self.prefix_cache_hits = counter(
+            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
+        )
         self.generation_tokens = counter(
             "vllm:generation_tokens", "Number of generation tokens processed."
         )

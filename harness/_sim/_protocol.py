@@ -11,7 +11,10 @@ because the emulator must serve tens of thousands of them per second.
 
 Token counting stands in for a tokenizer: a prompt has one token per word or punctuation
 mark (at least one); a chat prompt adds 4 tokens per message and 3 for the generation
-prompt, roughly what chat templates add. A list of token ids counts its length.
+prompt, roughly what chat templates add. A list of token ids counts its length. The tokens
+themselves (``GenerationParams.prompt_tokens``: the words and marks, a chat message rendered
+as ``<|start|> role <|sep|> words <|end|>`` and the generation prompt as ``<|start|>
+assistant <|sep|>``, token ids as ints) are what the prefix cache hashes.
 
 Request ids follow vLLM 0.32 too (``stream_id``, ``engine_request_id``), so that the engine
 tables' ``engine_request_id`` begins with the stream's ``id`` as it does for vLLM.
@@ -72,11 +75,7 @@ class GenerationParams:
     seed: int
     request_id: str | None = None  # the body's ``request_id`` field, if any
     min_tokens: int = 0  # vLLM's sampling parameter: no EOS before this many tokens
-
-
-def count_tokens(text: str) -> int:
-    """Emulated token count of ``text``: words and punctuation marks, at least 1."""
-    return max(1, len(_WORD.findall(text)))
+    prompt_tokens: tuple[str | int, ...] = ()  # prompt_len of them (the module docstring)
 
 
 def token_text(token_ids: list[int]) -> str:
@@ -87,28 +86,33 @@ def token_text(token_ids: list[int]) -> str:
     return "".join([texts[t] for t in token_ids])
 
 
-def _prompt_len(body: dict[str, Any]) -> tuple[int, str]:
+def _text_tokens(text: str) -> list[str | int]:
+    """The emulated tokens of a completion prompt: its words and marks, at least one."""
+    return list(_WORD.findall(text)) or [""]
+
+
+def _prompt_tokens(body: dict[str, Any]) -> tuple[list[str | int], str]:
     prompt = body.get("prompt")
     if isinstance(prompt, str):
-        return count_tokens(prompt), prompt
+        return _text_tokens(prompt), prompt
     if isinstance(prompt, list) and prompt:
         if all(isinstance(t, int) for t in prompt):
-            return len(prompt), json.dumps(prompt)
+            return list(prompt), json.dumps(prompt)
         if len(prompt) == 1:
             first = prompt[0]
             if isinstance(first, str):
-                return count_tokens(first), first
+                return _text_tokens(first), first
             if isinstance(first, list) and first and all(isinstance(t, int) for t in first):
-                return len(first), json.dumps(first)
+                return list(first), json.dumps(first)
         raise RequestError("the sim engine serves one prompt per request", param="prompt")
     raise RequestError("prompt must be a string or a list of token ids", param="prompt")
 
 
-def _chat_prompt_len(body: dict[str, Any]) -> tuple[int, str]:
+def _chat_prompt_tokens(body: dict[str, Any]) -> tuple[list[str | int], str]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages must be a non-empty list", param="messages")
-    total = 3
+    tokens: list[str | int] = []
     parts: list[str] = []
     for message in messages:
         if not isinstance(message, dict):
@@ -117,9 +121,11 @@ def _chat_prompt_len(body: dict[str, Any]) -> tuple[int, str]:
         if isinstance(content, list):
             content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
         text = "" if content is None else str(content)
-        total += 4 + (len(_WORD.findall(text)))
-        parts.append(f"{message.get('role')}:{text}")
-    return total, "\n".join(parts)
+        role = str(message.get("role"))
+        tokens += ["<|start|>", role, "<|sep|>", *_WORD.findall(text), "<|end|>"]
+        parts.append(f"{role}:{text}")
+    tokens += ["<|start|>", "assistant", "<|sep|>"]
+    return tokens, "\n".join(parts)
 
 
 def parse_request(body: Any, config: SimConfig, *, chat: bool) -> GenerationParams:
@@ -145,8 +151,8 @@ def parse_request(body: Any, config: SimConfig, *, chat: bool) -> GenerationPara
     n = body.get("n", 1)
     if n not in (1, None):
         raise RequestError("the sim engine supports n=1 only", param="n")
-    prompt_len, prompt_key = _chat_prompt_len(body) if chat else _prompt_len(body)
-
+    tokens, prompt_key = _chat_prompt_tokens(body) if chat else _prompt_tokens(body)
+    prompt_len = len(tokens)
     limit = config.max_model_len
     if prompt_len >= limit:
         raise RequestError(
@@ -166,7 +172,6 @@ def parse_request(body: Any, config: SimConfig, *, chat: bool) -> GenerationPara
     # vLLM's get_max_tokens: the request's value capped by what the context has left.
     room = limit - prompt_len
     max_tokens = room if max_tokens is None else min(max_tokens, room)
-
     stream = bool(body.get("stream", False))
     options = body.get("stream_options")
     include_usage = continuous = False
@@ -201,6 +206,7 @@ def parse_request(body: Any, config: SimConfig, *, chat: bool) -> GenerationPara
         seed=seed,
         request_id=request_id,
         min_tokens=min_tokens,
+        prompt_tokens=tuple(tokens),
     )
 
 

@@ -52,6 +52,7 @@ def request_row(request: SimRequest, *, blocks_held: int = 0) -> dict[str, Any]:
         "t_kv_freed": request.kv_freed_time,
         "finish_reason": request.finish_reason,
         "prompt_tokens": request.prompt_len,
+        "prompt_cached_tokens": request.prompt_cached_tokens,
         "output_tokens": len(request.output_token_ids),
         "kv_blocks_peak": max(request.kv_blocks_peak, blocks_held),
         "kv_blocks_freed": request.kv_blocks_freed,
@@ -89,17 +90,20 @@ class EngineRecorder:
 
     def step(self, now: float, sched: Scheduler, step: ScheduledStep | None) -> None:
         """The row of ``step``, completed at ``now`` (monotonic s): the scheduler's state
-        after ``complete`` (KV usage 0..1, requests running and waiting, preemptions so far)
-        and the tokens the step computed (prefill + one per decoding sequence). ``None``: the
-        state after KV was freed between steps (0 tokens), so that the steps' KV usage falls
-        when held blocks are released on delivery."""
+        after ``complete`` (KV usage 0..1, KV blocks in use and cached-free, requests running
+        and waiting, preemptions so far) and the tokens the step computed (prefill + one per
+        decoding sequence). ``None``: the state after KV was freed between steps (0 tokens),
+        so that the steps' KV usage falls when held blocks are released on delivery."""
         tables = self._tables
         if tables is None:
             return
+        blocks = sched.blocks
         try:
             tables.step(
                 now,
-                kv_cache_usage=sched.blocks.usage,
+                kv_cache_usage=blocks.usage,
+                kv_blocks_in_use=blocks.num_used_blocks,
+                kv_blocks_cached_free=blocks.num_cached_free_blocks,
                 running=sched.num_running,
                 waiting=sched.num_waiting,
                 preemptions_total=sched.num_preemptions_total,

@@ -24,6 +24,13 @@ FCFS policy):
 A request's KV slots equal its computed tokens: the token sampled in a step is computed
 (and needs a slot) in the next one, as in vLLM.
 
+Prefix caching (``enable_prefix_caching``, vLLM v1's automatic prefix caching): a request
+whose ``prompt_tokens`` are known hashes its full blocks (prompt, then generated tokens as
+words), and an admitted request starts with the longest cached prefix of them
+(``BlockManager``): those tokens are not computed (nor costed) again. ``prompt_cached_tokens``
+records that count at its first admission, as vLLM's ``PrefillStats`` does (not after a
+preemption); it is 0 with prefix caching off.
+
 Each request keeps the record of its KV life that the engine tables need (``_recorder``):
 when it was preempted and resumed, the most blocks it held, and when and how many blocks were
 freed for good; times are whatever clock the caller passes in.
@@ -36,7 +43,7 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
-from harness._sim._blocks import BlockManager
+from harness._sim._blocks import BlockManager, extend_block_hashes
 from harness._sim._config import SimConfig
 
 VOCAB: tuple[str, ...] = (
@@ -57,6 +64,8 @@ VOCAB: tuple[str, ...] = (
 ``VOCAB[i]``, streamed with a leading space; ``EOS_TOKEN_ID`` has empty text."""
 
 EOS_TOKEN_ID = len(VOCAB)
+TOKEN_KEYS: tuple[str, ...] = (*VOCAB, "</s>")
+"""What a generated token id is in a block's hash: its word, as the word in a later prompt."""
 
 
 class Status(enum.Enum):
@@ -73,7 +82,10 @@ class SimRequest:
     """One generation request as the scheduler sees it.
 
     ``prompt_len`` and ``max_tokens`` are in tokens; times are seconds on the caller's
-    clock (``time.monotonic()`` in the server, a fake clock in tests).
+    clock (``time.monotonic()`` in the server, a fake clock in tests). ``prompt_tokens``: the
+    prompt's tokens (words, marks, template tokens: ``_protocol``), ``prompt_len`` of them, or
+    empty when unknown (its blocks are then never cached); ``prompt_cached_tokens``: prompt
+    tokens found in the prefix cache at its first admission (None until then).
     ``finish_reason`` is one of vLLM's ``stop``, ``length``, ``abort`` once finished.
 
     KV record: ``admitted_time`` is its first admission, ``resumed_times`` each admission
@@ -90,6 +102,8 @@ class SimRequest:
     min_tokens: int = 0
     seed: int = 0
     arrival_time: float = 0.0
+    prompt_tokens: tuple[object, ...] = ()
+    prompt_cached_tokens: int | None = None
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     status: Status = Status.WAITING
@@ -105,11 +119,23 @@ class SimRequest:
     kv_freed_time: float | None = None
     kv_blocks_freed: int | None = None
     _rng: random.Random | None = None
+    _hashes: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
         """Prompt + generated tokens."""
         return self.prompt_len + len(self.output_token_ids)
+
+    def block_hashes(self, block_size: int) -> list[int]:
+        """The chained hashes of its full blocks so far (prompt, then generated words:
+        ``extend_block_hashes``); empty when its prompt tokens are unknown."""
+        hashes = self._hashes
+        start = len(hashes) * block_size
+        if self.prompt_tokens and self.num_tokens - start >= block_size:
+            tokens = [*self.prompt_tokens[start:], *(TOKEN_KEYS[t] for t in
+                      self.output_token_ids[max(start - self.prompt_len, 0):])]  # fmt: skip
+            extend_block_hashes(hashes, tokens, block_size, start)
+        return hashes
 
     @property
     def finished(self) -> bool:
@@ -140,7 +166,9 @@ class SimRequest:
 class ScheduledStep:
     """The batch of one step: who computes how many tokens, and what it costs.
 
-    ``duration_s`` follows the step time model of ``SimConfig``.
+    ``duration_s`` follows the step time model of ``SimConfig``. ``prefix_cache_queries``
+    and ``prefix_cache_hits``: tokens of the requests admitted for the first time and of
+    their cached prefixes (vLLM's ``PrefixCacheStats``, vllm/v1/metrics/stats.py).
     """
 
     requests: list[SimRequest]
@@ -148,6 +176,8 @@ class ScheduledStep:
     num_decode_seqs: int
     num_preempted: int
     duration_s: float
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
 
 
 @dataclass(slots=True)
@@ -269,9 +299,8 @@ class Scheduler:
         blocks = self.blocks
         budget = cfg.max_num_batched_tokens
         scheduled: list[SimRequest] = []
-        prefill_tokens = 0
-        decode_seqs = 0
-        preempted = 0
+        prefill_tokens = decode_seqs = preempted = queries = hits = 0
+        bs = cfg.block_size if cfg.enable_prefix_caching else 0
 
         running = self.running
         i = 0
@@ -280,7 +309,8 @@ class Scheduler:
             new_tokens = request.num_tokens - request.num_computed_tokens
             if new_tokens > budget and scheduled:
                 break  # token budget spent; the rest of the batch waits for the next step
-            while not blocks.allocate(request.request_id, request.num_tokens):
+            hashes = request.block_hashes(bs) if bs else ()
+            while not blocks.allocate(request.request_id, request.num_tokens, hashes):
                 victim = running.pop()
                 self._preempt(victim, now)
                 preempted += 1
@@ -300,15 +330,21 @@ class Scheduler:
             waiting = self.waiting
             while waiting and len(running) < cfg.max_num_seqs:
                 request = waiting[0]
-                new_tokens = request.num_tokens  # prompt + generated, computed from 0
+                hashes = request.block_hashes(bs) if bs else ()
+                cached = blocks.num_cached_tokens(hashes, request.num_tokens)
+                new_tokens = request.num_tokens - cached  # computed from the cached prefix
                 if new_tokens > budget and scheduled:
                     break
-                if not blocks.allocate(request.request_id, request.num_tokens):
+                if not blocks.allocate(request.request_id, request.num_tokens, hashes):
                     break
                 waiting.popleft()
                 request.status = Status.RUNNING
+                request.num_computed_tokens = cached
                 if request.admitted_time is None:
                     request.admitted_time = now
+                    request.prompt_cached_tokens = cached
+                    queries += request.num_tokens if bs else 0
+                    hits += cached
                 else:  # only a preemption sends an admitted request back to waiting
                     request.resumed_times.append(now)
                 running.append(request)
@@ -329,6 +365,8 @@ class Scheduler:
             num_decode_seqs=decode_seqs,
             num_preempted=preempted,
             duration_s=duration_ms / 1000.0,
+            prefix_cache_queries=queries,
+            prefix_cache_hits=hits,
         )
 
     def _preempt(self, request: SimRequest, now: float) -> None:

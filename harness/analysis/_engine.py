@@ -24,16 +24,20 @@ def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return merged
 
 
+def _steps_over(steps: pd.DataFrame, a: float, b: float) -> slice:
+    """The steps whose values hold over ``[a, b]``: the last one at or before ``a`` and every
+    one up to ``b`` (each step's values hold until the next step; an idle engine takes none)."""
+    t = steps["t"].to_numpy()
+    start = max(int(np.searchsorted(t, a, side="right")) - 1, 0)
+    return slice(start, int(np.searchsorted(t, b, side="right")))
+
+
 def _usage_over(steps: pd.DataFrame, a: float, b: float) -> tuple[float, float]:
-    """Peak KV usage (0..1) and its integral (fraction × s) over ``[a, b]``: each step's usage
-    holds until the next step (an idle engine takes none)."""
+    """Peak KV usage (0..1) and its integral (fraction × s) over ``[a, b]``."""
     if not len(steps):
         return 0.0, 0.0
-    t = steps["t"].to_numpy()
-    u = steps["kv_cache_usage"].to_numpy()
-    start = max(int(np.searchsorted(t, a, side="right")) - 1, 0)
-    stop = int(np.searchsorted(t, b, side="right"))
-    ts, us = t[start:stop], u[start:stop]
+    window = _steps_over(steps, a, b)
+    ts, us = steps["t"].to_numpy()[window], steps["kv_cache_usage"].to_numpy()[window]
     if not len(ts):
         return 0.0, 0.0
     edges = np.clip(np.append(ts, b), a, b)
@@ -56,10 +60,13 @@ def _held_blocks_peak(held: pd.DataFrame) -> float:
 
 
 def engine_server_figures(steps: pd.DataFrame) -> dict[str, Any]:
-    """Peak KV usage (%), preemptions, peak running and waiting and the step count, from the
-    engine's steps (``engine_steps.parquet``); ``{}`` when there are none. Preemptions count
-    the rises of the engine's total, plus the total at its first step when the table begins at
-    the engine's first step."""
+    """Peak KV usage (%), preemptions, peak running and waiting, the step count and the peak
+    KV blocks in use and cached-free (where the steps have them), from the engine's steps
+    (``engine_steps.parquet``); ``{}`` when there are none. Preemptions count the rises of the
+    engine's total, plus the total at its first step when the table begins at the engine's
+    first step. KV usage counts blocks in use only: vLLM's ``BlockPool.get_usage``
+    (vllm/v1/core/block_pool.py) is 1 - free / (blocks - 1), and a block free but kept by
+    the prefix cache is in the free queue."""
     if not len(steps):
         return {}
     total = steps["num_preemptions_total"].astype(float)
@@ -72,7 +79,17 @@ def engine_server_figures(steps: pd.DataFrame) -> dict[str, Any]:
         "running_peak": float(steps["num_requests_running"].max()),
         "waiting_peak": float(steps["num_requests_waiting"].max()),
         "engine_steps": len(steps),
+        **{
+            f"{col}_peak": _maybe_max(steps, col)
+            for col in ("kv_blocks_in_use", "kv_blocks_cached_free")
+        },
     }
+
+
+def _maybe_max(steps: pd.DataFrame, col: str) -> float | None:
+    """The largest value of ``col`` (``None`` where the table lacks it or holds none)."""
+    values = steps[col].dropna() if col in steps else pd.Series(dtype=float)
+    return float(values.max()) if len(values) else None
 
 
 def _victims(joined: pd.DataFrame, spans: list[tuple[float, float]]) -> pd.DataFrame:
@@ -105,23 +122,37 @@ def _held_spans(
     return _union([(float(a), float(b)) for a, b in ends] + blocked)
 
 
+def _in_use_peak(steps: pd.DataFrame, spans: list[tuple[float, float]]) -> float | None:
+    """The most KV blocks in use (``kv_blocks_in_use``) at the steps over ``spans``; ``None``
+    where the steps do not count them."""
+    if "kv_blocks_in_use" not in steps or not spans or not steps["kv_blocks_in_use"].notna().any():
+        return None
+    blocks = steps["kv_blocks_in_use"].astype(float).to_numpy()
+    return float(max(np.nanmax(blocks[_steps_over(steps, a, b)], initial=0.0) for a, b in spans))
+
+
 def _held_peak(
     done: pd.DataFrame,
     after: pd.Series,
     during: pd.Series,
     usage: list[tuple[float, float]],
     kv_cache_blocks: int | None,
+    in_use_peak: float | None = None,
 ) -> tuple[float, str]:
     """The most KV the held requests kept at once (0..1) and what it is of: their own blocks
     over the pool (``held_blocks``), or, without the pool's size, the engine's peak usage over
-    the held spans, victims admitted meanwhile included (``usage``)."""
+    the held spans, victims admitted meanwhile included (``usage``). Only blocks in use count:
+    a prefix block shared by several held requests is in each one's ``kv_blocks_freed``, so
+    the held blocks are capped at ``in_use_peak``, the engine's most blocks in use over the
+    held spans (``None``: steps that do not count them; cached-free blocks are never in use)."""
     held = done[after | during]
     if kv_cache_blocks and len(held) and held["engine_kv_blocks_freed"].notna().all():
-        peak = _held_blocks_peak(done[after]) / kv_cache_blocks
+        blocks = _held_blocks_peak(done[after])
         if during.any():
-            blocks = float(done.loc[during, "engine_kv_blocks_freed"].max())
-            peak = max(peak, blocks / kv_cache_blocks)
-        return peak, "held_blocks"
+            blocks = max(blocks, float(done.loc[during, "engine_kv_blocks_freed"].max()))
+        if in_use_peak is not None:
+            blocks = min(blocks, in_use_peak)
+        return blocks / kv_cache_blocks, "held_blocks"
     return max((p for p, _ in usage), default=0.0), "usage"
 
 
@@ -165,9 +196,9 @@ def kv_held_from_requests(
     still lacked output (the engine did not wait for delivery); ``not_observed`` if no request
     had output undelivered when its generation ended. Figures: ``kv_held_s`` (the union of the
     held spans, generation-end-to-free and send-blocked: each moment counted once),
-    ``kv_held_peak_perc`` (the most KV the held requests kept at once, their
-    ``kv_blocks_freed`` over ``kv_cache_blocks``, the engine's pool (``engine_probe.json``):
-    ``kv_held_peak_of = "held_blocks"``; without the pool's size, the peak KV usage of the
+    ``kv_held_peak_perc`` (the most KV the held requests kept at once, their ``kv_blocks_freed``
+    (at most the blocks in use) over ``kv_cache_blocks``, the pool (``engine_probe.json``):
+    ``"held_blocks"`` in ``kv_held_peak_of``; without the pool's size, the peak KV usage of the
     engine's steps over the union, victims admitted meanwhile included: ``"usage"``), the pool
     and that peak in bytes (:func:`_in_bytes`), ``kv_seconds`` (the engine's KV usage
     integrated over the union: an upper bound while victims ran), ``victims`` and
@@ -178,8 +209,7 @@ def kv_held_from_requests(
     done = joined[joined["t_kv_freed"].notna() & joined["t_generation_end"].notna()]
     held_ms = done["kv_held_after_generation_ms"]
     # Output counts as undelivered for a client that never received the whole stream, or
-    # received it more than held_min_ms after generation ended (not just the last bytes in
-    # flight).
+    # received it more than held_min_ms after generation ended (not the last bytes in flight).
     slow = ~(done["delivery_lag_ms"] <= held_min_ms)
     lacking_at_end = slow & (done["undelivered_tokens_at_generation_end"] > 0)
     after = (held_ms > held_min_ms) & lacking_at_end
@@ -188,7 +218,8 @@ def kv_held_from_requests(
     lacking_at_free = done[slow & (done["undelivered_tokens_at_kv_free"] > 0)]
     spans = _held_spans(done, after, during, blocked_spans or {})
     usage = [_usage_over(steps, a, b) for a, b in spans]
-    peak, peak_of = _held_peak(done, after, during, usage, kv_cache_blocks)
+    in_use = _in_use_peak(steps, spans)
+    peak, peak_of = _held_peak(done, after, during, usage, kv_cache_blocks, in_use)
     victims = _victims(joined, spans)
     victim_wait_ms = (victims["t_engine_first_scheduled"] - victims["t_engine_arrival"]) * 1000.0
     status = "held" if len(held) else ("none" if len(lacking_at_free) else "not_observed")

@@ -18,15 +18,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-ENGINE_JOIN_COLUMNS = [
+_ENGINE_OWN = [
     "engine_request_id", "t_engine_arrival", "t_engine_first_scheduled", "t_engine_first_token",
     "t_generation_end", "t_kv_freed", "engine_finish_reason", "engine_preemptions",
     "engine_kv_blocks_freed", "engine_output_tokens", "engine_send_blocked_max_ms",
-    "delivery_lag_ms", "kv_held_after_generation_ms",
+    "engine_prompt_tokens", "prompt_cached_tokens",
+]  # fmt: skip
+ENGINE_JOIN_COLUMNS = [
+    *_ENGINE_OWN, "delivery_lag_ms", "kv_held_after_generation_ms",
     "undelivered_tokens_at_generation_end", "undelivered_tokens_at_kv_free",
     "undelivered_bytes_at_generation_end", "undelivered_bytes_at_kv_free",
 ]  # fmt: skip
 _RENAMED = {
+    "prompt_tokens": "engine_prompt_tokens",
     "t_arrival": "t_engine_arrival",
     "t_first_scheduled": "t_engine_first_scheduled",
     "t_first_token": "t_engine_first_token",
@@ -119,7 +123,7 @@ def join_engine(
             for spans in map(_spans, eng["send_blocked_at"], eng["send_unblocked_at"])
         ]
     idx = out["request_id"]
-    for col in ENGINE_JOIN_COLUMNS[:11]:  # the engine's own; the rest are derived below
+    for col in _ENGINE_OWN:  # the rest are derived below
         out[col] = idx.map(eng[col]).to_numpy() if col in eng else np.nan
     gen_end, freed = (
         out.set_index("request_id")["t_generation_end"],

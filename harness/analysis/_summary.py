@@ -88,7 +88,22 @@ def summarize_group(name: str, requests: pd.DataFrame, chunks: pd.DataFrame) -> 
         **_open_loop_figures(req),
         **_leave_figures(req),
         **session_figures(req),
+        **prefix_cache_figures(req),
     )
+
+
+def prefix_cache_figures(req: pd.DataFrame) -> dict[str, Any]:
+    """``prompt_cached_tokens`` (summed) and ``prefix_hit_ratio`` (cached over prompt tokens,
+    0..1) of the requests whose engine record says both (``requests.parquet``'s
+    ``prompt_cached_tokens`` and ``engine_prompt_tokens``); ``{}`` when none does."""
+    if "prompt_cached_tokens" not in req or "engine_prompt_tokens" not in req:
+        return {}
+    known = req[req["prompt_cached_tokens"].notna() & req["engine_prompt_tokens"].notna()]
+    prompt = float(known["engine_prompt_tokens"].sum())
+    if not prompt:
+        return {}
+    cached = int(known["prompt_cached_tokens"].sum())
+    return {"prompt_cached_tokens": cached, "prefix_hit_ratio": cached / prompt}
 
 
 def _leave_figures(req: pd.DataFrame) -> dict[str, Any]:

@@ -246,6 +246,11 @@ class GroupSummary(BaseModel):
     sessions_complete: int = 0
     session_duration_p50_s: float | None = None
     session_duration_p99_s: float | None = None
+    # The engine's prefix cache (its own records): prompt tokens served from it at first
+    # scheduling, summed, and their share of the prompt tokens of the same requests (0..1);
+    # None without engine records that say.
+    prompt_cached_tokens: int | None = None
+    prefix_hit_ratio: float | None = None
 
 
 class ServerSummary(BaseModel):
@@ -275,6 +280,11 @@ class ServerSummary(BaseModel):
     figures_source: str = "scrapes"
     scraped_kv_cache_usage_peak_perc: float | None = None
     engine_steps: int | None = None
+    # From the engine's steps: the most KV blocks held by requests at once (what KV usage and
+    # every KV verdict count), and the most blocks free but kept for reuse by the prefix cache
+    # (reusable by a request with the same prefix, evicted by any allocation): not in use.
+    kv_blocks_in_use_peak: float | None = None
+    kv_blocks_cached_free_peak: float | None = None
     # The engine's main process, sampled with the scrapes when the run started it: its thread
     # count (first sample and peak) and resident memory (peak, and growth over the first
     # sample, MB = 1e6 bytes); llama-server's slots busy at once.
