@@ -185,6 +185,12 @@ def test_combined_verdict_flags_a_disagreement_and_says_scrape_only():
     both = combine_verdicts(engine, scrapes, None)
     assert both["agreement"] == "disagree" and "DISAGREES" in both["line"]
     assert both["line"].startswith("KV held by undelivered streams: none held: 2 of 2")
+    # Engine records with nothing undelivered at generation end beside scrapes that saw nothing
+    # held: neither saw KV held, so they agree.
+    quiet = combine_verdicts(
+        {**engine, "status": "not_observed"}, {**scrapes, "status": "none"}, None
+    )
+    assert quiet["agreement"] == "agree" and "DISAGREES" not in quiet["line"]
     alone = combine_verdicts(None, scrapes, "a url target")
     assert alone["source"] == "scrapes" and alone["line"].endswith("[scrape-only: a url target]")
 

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from pydantic import ValidationError
 
-from harness.analysis._sessions import session_figures
+from harness.analysis._sessions import prefix_reuse, session_figures
 from harness.lifecycle import run_scenario
 from harness.lifecycle._distributed import _as_workers_get_it
 from harness.scenario import Scenario, load_scenario
@@ -209,9 +209,7 @@ def test_a_reader_stalled_on_turn_2_comes_back_for_turn_3(tmp_path: Path) -> Non
         }
     )  # fmt: skip
     result = run_scenario(scenario, out_root=tmp_path)
-    every = pd.read_parquet(result.run_dir / "requests.parquet").sort_values(
-        ["session_id", "turn"]
-    )
+    every = pd.read_parquet(result.run_dir / "requests.parquet").sort_values(["session_id", "turn"])
     failed = every[every["group"] == "overflow"]
     assert failed["outcome"].tolist() == ["complete", "http_error"]
     assert failed["session_end"].tolist()[-1] == "turn_failed"
@@ -238,29 +236,85 @@ def test_a_reader_stalled_on_turn_2_comes_back_for_turn_3(tmp_path: Path) -> Non
     assert figures["overflow.session_duration_p50_s"] is None  # of complete sessions only
     records = [json.loads(line) for line in (result.run_dir / "records-chat.jsonl").open()]
     assert {r["endpoint"] for r in records} == {"chat"}
+    # The emulator's prefix cache (256 blocks, nothing else running) kept every conversation:
+    # each returning turn was served at least the previous prompt's full blocks from it, turn 3
+    # after the client stalled on turn 2.
+    # (Turn 1's prompt, 31 tokens, fills no block of 32: turn 2 has nothing to find.)
+    later = requests[requests["turn"] > 1]
+    assert (later["prompt_cached_tokens"] >= later["prefix_kept_tokens"]).all(), later
+    assert later["prefix_kept_tokens"].tolist() == [0, 96] * 2
+    assert later["prefix_evicted"].tolist() == [pd.NA, False] * 2
+    assert later["after_stall"].tolist() == [pd.NA, True] * 2
+    assert figures["chat.returning_turns"] == 2 and figures["chat.prefix_evicted"] == 0
+    assert figures["chat.prefix_evicted_after_stall_ratio"] == 0
+    assert (
+        figures["chat.turn1.prefix_hit_ratio"] == 0 < figures["chat.later_turns.prefix_hit_ratio"]
+    )
+
+
+def test_a_returning_turn_short_of_its_previous_prompts_blocks_found_it_evicted() -> None:
+    req = pd.DataFrame(
+        {
+            "session_id": ["a", "a", "a", "b", "b", "c", "c", None],
+            "turn": [1, 2, 3, 1, 2, 1, 2, None],
+            "engine_prompt_tokens": [40, 90, 150, 40, 90, 10, 30, 10],
+            "prompt_cached_tokens": [0, 32, 64, 0, 16, 0, 0, 0],
+            "t_stall": [None, 5.0, None, None, None, None, None, None],
+        },
+        dtype=object,
+    ).astype({"engine_prompt_tokens": float, "prompt_cached_tokens": float, "t_stall": float})
+    got = prefix_reuse(req, block_tokens=16)
+    # a2 kept turn 1's 32 tokens in full blocks (got 32); a3 needed 80 of turn 2's 90 (got 64);
+    # b2 needed 32 (got 16); c1's 10 tokens filled no block, so c2 had nothing to find
+    assert got["prefix_kept_tokens"].tolist()[:7] == [pd.NA, 32, 80, pd.NA, 32, pd.NA, 0]
+    assert got["prefix_evicted"].tolist() == [pd.NA, False, True, pd.NA, True, pd.NA, pd.NA, pd.NA]
+    assert got["after_stall"].tolist() == [pd.NA, False, True, pd.NA, False, pd.NA, pd.NA, pd.NA]
+    figures = session_figures(got.assign(session_end=None, t_send=0.0, t_end=1.0))
+    assert figures["returning_turns"] == 3 and figures["prefix_evicted"] == 2
+    assert figures["prefix_evicted_ratio"] == pytest.approx(2 / 3)
+    assert figures["prefix_evicted_after_stall_ratio"] == 1.0
+    assert prefix_reuse(req, block_tokens=None) is req  # no block size: nothing to say
 
 
 @pytest.mark.vllm
-def test_two_turn_sessions_on_vllm_send_the_conversation(vllm_server: str, tmp_path: Path) -> None:
-    """On the shared vLLM server (chat endpoint, the tiny model's chat template): turn 2's
-    prompt, as vLLM counts it, holds turn 1's prompt and its answer."""
+def test_sessions_on_vllm_send_the_conversation_and_find_it_cached(
+    vllm_server: str, vllm_engine_dir: Path, tmp_path: Path
+) -> None:
+    """On the shared vLLM server (chat endpoint, the tiny model's chat template), with its
+    engine probe: each turn's prompt, as vLLM counts it, holds the previous prompt and its
+    answer, and vLLM's prefix cache served it at least the previous prompt's full blocks."""
     scenario = Scenario.model_validate(
         {
             "name": "vllm-sessions",
             "cooldown_s": 0.5,
-            "target": {"kind": "url", "url": vllm_server, "served_model_name": "tiny"},
+            "target": {"kind": "url", "url": vllm_server, "served_model_name": "tiny",
+                       "engine_dir": str(vllm_engine_dir)},
             "groups": [
-                {"name": "chat", "users": 2, "endpoint": "chat", "prompt_tokens": 16,
-                 "max_tokens": 16, "session": {"turns": 2, "think_s": 0.1}},
+                {"name": "chat", "users": 2, "endpoint": "chat", "prompt_tokens": 48,
+                 "max_tokens": 16, "session": {"turns": 3, "think_s": 0.1}},
             ],
         }
     )  # fmt: skip
     result = run_scenario(scenario, out_root=tmp_path)
     assert result.exit_code == 0, result.summary.failure
     requests = pd.read_parquet(result.run_dir / "requests.parquet")
-    assert set(requests["outcome"]) == {"complete"} and len(requests) == 4
+    assert set(requests["outcome"]) == {"complete"} and len(requests) == 6
     for _, turns in requests.sort_values("turn").groupby("session_id"):
         first, second = turns.iloc[0], turns.iloc[1]
-        assert second["context_tokens"] == 16 + first["completion_tokens"]
+        assert second["context_tokens"] == 48 + first["completion_tokens"]
         assert second["prompt_tokens"] >= first["prompt_tokens"] + first["completion_tokens"]
-    assert result.figures["chat.sessions_complete"] == 2
+    later = requests[requests["turn"] > 1]
+    shown = later[["turn", "engine_prompt_tokens", "prompt_cached_tokens", "prefix_kept_tokens"]]
+    assert (later["prefix_kept_tokens"] >= 32).all(), shown  # blocks of 32 (SUITE_ARGS)
+    assert (later["prompt_cached_tokens"] >= later["prefix_kept_tokens"]).all(), shown
+    assert (later["prompt_cached_tokens"] % 32 == 0).all(), shown
+    figures = result.figures
+    assert figures["chat.sessions_complete"] == 2 and figures["chat.returning_turns"] == 4
+    assert figures["chat.prefix_evicted"] == 0 and figures["chat.later_turns.prefix_hit_ratio"] > 0
+    assert figures["chat.turn1.ttft_p50_ms"] is not None
+    # The steps count blocks in use (vLLM's usage, of 63: 64 less its null block) and those kept
+    # free as cache, which the conversations' freed blocks joined.
+    steps = pd.read_parquet(result.run_dir / "engine_steps.parquet")
+    assert steps["kv_blocks_in_use"].notna().all() and steps["kv_blocks_cached_free"].notna().all()
+    assert (steps["kv_blocks_in_use"] == (steps["kv_cache_usage"] * 63).round()).all()
+    assert figures["server.kv_blocks_cached_free_peak"] >= later["prefix_kept_tokens"].max() // 32

@@ -148,6 +148,7 @@ class _ProbeMixin:
             "engine_version": vllm.__version__,
             "kv_cache_blocks": self._zw_kv_cache_blocks(),
             "kv_block_bytes": self._zw_kv_block_bytes(),
+            "kv_block_tokens": getattr(self, "block_size", None),  # Scheduler.block_size
         }
         try:
             write_status(out_dir, **self._zw_facts)

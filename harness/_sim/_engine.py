@@ -91,8 +91,11 @@ class SimEngine:
         self.metrics = SimMetrics(model_name=config.served_model_name)
         self.recorder = (
             EngineRecorder(
-                engine_dir, kv_cache_blocks=config.num_blocks, kv_block_bytes=config.kv_block_bytes
-            )
+                engine_dir,
+                kv_cache_blocks=config.num_blocks,
+                kv_block_bytes=config.kv_block_bytes,
+                kv_block_tokens=config.block_size,
+            )  # fmt: skip
             if engine_dir is not None
             else None
         )

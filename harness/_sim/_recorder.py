@@ -65,8 +65,8 @@ class EngineRecorder:
     """Writes one emulator's engine tables into ``out_dir`` (the run folder).
 
     Creating it writes ``engine_probe.json`` (``status = "running"``, the pool's
-    ``kv_cache_blocks`` and the bytes each block stands for, ``kv_block_bytes``); raises
-    ``OSError`` if ``out_dir`` is not a writable folder.
+    ``kv_cache_blocks``, the bytes each block stands for, ``kv_block_bytes``, and the tokens
+    it holds, ``kv_block_tokens``); raises ``OSError`` if ``out_dir`` is not a writable folder.
     """
 
     def __init__(
@@ -75,12 +75,13 @@ class EngineRecorder:
         *,
         kv_cache_blocks: int | None = None,
         kv_block_bytes: int | None = None,
+        kv_block_tokens: int | None = None,
     ) -> None:
         self.out_dir = out_dir
         self._version = _version()
         write_status(out_dir, engine=ENGINE, status="running", base_class=None,
                      engine_version=self._version, kv_cache_blocks=kv_cache_blocks,
-                     kv_block_bytes=kv_block_bytes)  # fmt: skip
+                     kv_block_bytes=kv_block_bytes, kv_block_tokens=kv_block_tokens)  # fmt: skip
         self._tables: EngineTables | None = EngineTables(out_dir)
 
     @property

@@ -31,7 +31,7 @@ from harness.analysis._matrix import matrix_cells
 from harness.analysis._otlp import TraceSpan, otlp_json, run_spans, wall_offset_s
 from harness.analysis._proxy import hop_rows, hop_summaries, probe_rows, proxy_summary
 from harness.analysis._saturation import saturation_summary
-from harness.analysis._sessions import turn_summaries
+from harness.analysis._sessions import prefix_reuse, turn_summaries
 from harness.analysis._stalls import abort_times, attribute_aborts
 from harness.analysis._summary import (
     group_names,
@@ -254,6 +254,7 @@ def _engine_evidence(
     if no_engine is not None:
         return leave_figures(requests, chunks), engine_steps, None, no_engine, engine_requests[0:0]
     requests = leave_figures(engine_aborts(requests), chunks, unjoined=unjoined)
+    requests = prefix_reuse(requests, (facts.engine_probe or {}).get("kv_block_tokens"))
     engine_steps = engine_steps.sort_values("t") if len(engine_steps) else engine_steps
     engine_verdict = kv_held_from_requests(
         requests,

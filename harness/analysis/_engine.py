@@ -326,7 +326,8 @@ def combine_verdicts(
 ) -> dict[str, Any]:
     """The KV-held verdict of the summary: from per-request evidence when the engine's tables
     exist (``engine``, with the scrape verdict beside it under ``scrapes`` and ``agreement``:
-    ``agree``, ``disagree`` (flagged in the line) or ``scrapes_not_observed``), else the scrape
+    ``agree``, ``disagree`` (one saw KV held, the other not; flagged in the line) or
+    ``scrapes_not_observed``), else the scrape
     verdict marked ``scrape-only`` with ``scrape_only_reason``."""
     if engine is None:
         line = f"{scrapes['line']} [scrape-only: {scrape_only_reason}]"
@@ -335,8 +336,8 @@ def combine_verdicts(
     line = engine_verdict_line(engine)
     if scrapes["status"] == "not_observed":
         agreement = "scrapes_not_observed"
-    elif scrapes["status"] == engine["status"]:
-        agreement = "agree"
+    elif (scrapes["status"] == "held") == (engine["status"] == "held"):
+        agreement = "agree"  # "none" beside "not_observed" too: neither saw KV held
     else:
         agreement = "disagree"
         line += f" [DISAGREES with the /metrics scrapes, which say {scrapes['status']}]"

@@ -246,6 +246,15 @@ class GroupSummary(BaseModel):
     sessions_complete: int = 0
     session_duration_p50_s: float | None = None
     session_duration_p99_s: float | None = None
+    # Returning turns (turn 2 on) with engine records, after a prompt that filled a block; those
+    # that found fewer of their prompt's
+    # tokens in the engine's prefix cache than the previous turn's prompt filled in full blocks
+    # (the session's blocks were evicted between the turns), their share (0..1), and that share
+    # among turns that came back after a turn the client stalled (None: no such turn).
+    returning_turns: int = 0
+    prefix_evicted: int = 0
+    prefix_evicted_ratio: float | None = None
+    prefix_evicted_after_stall_ratio: float | None = None
     # The engine's prefix cache (its own records): prompt tokens served from it at first
     # scheduling, summed, and their share of the prompt tokens of the same requests (0..1);
     # None without engine records that say.
