@@ -41,11 +41,18 @@ def _hashed(blocks: Iterable[Any]) -> int:
 
 class CachedFreeCounter:
     """The number of free blocks of one vLLM ``BlockPool`` that carry a prefix-cache hash
-    (``count``), and of blocks in use (``in_use``). Build it with :meth:`attach`."""
+    (``count``; ``None`` once counting failed), and of blocks in use (``in_use``). Build it
+    with :meth:`attach`. Its wrappers never raise into vLLM: a failure of the count (a block
+    shaped otherwise in another vLLM) stops counting, says why in ``error``, and leaves the
+    wrapped methods doing what they did."""
 
     def __init__(self, pool: Any) -> None:
         self.pool = pool
-        self.count = self.walk()
+        self.count: int | None = self.walk()
+        self.error: str | None = None
+
+    def _failed(self, exc: Exception) -> None:
+        self.count, self.error = None, f"{type(exc).__name__}: {exc}"
 
     @classmethod
     def attach(cls, pool: Any) -> CachedFreeCounter | None:
@@ -69,7 +76,11 @@ class CachedFreeCounter:
         @functools.wraps(reset)
         def reset_prefix_cache(*args: Any, **kwargs: Any) -> Any:
             done = reset(*args, **kwargs)
-            counter.count = counter.walk()  # rare; vLLM walks every block here itself
+            if counter.count is not None:
+                try:
+                    counter.count = counter.walk()  # rare; vLLM walks every block here itself
+                except Exception as exc:  # noqa: BLE001
+                    counter._failed(exc)
             return done
 
         pool.reset_prefix_cache = reset_prefix_cache
@@ -91,24 +102,27 @@ class CachedFreeCounter:
 
     # -- the wrappers ---------------------------------------------------------------------
 
-    def _entered(self, args: tuple[Any, ...], result: Any) -> None:
+    def _entered(self, args: tuple[Any, ...], result: Any) -> int:
         blocks = args[0]
-        self.count += _hashed(blocks) if isinstance(blocks, list) else _hashed((blocks,))
+        return _hashed(blocks) if isinstance(blocks, list) else _hashed((blocks,))
 
-    def _left(self, args: tuple[Any, ...], result: Any) -> None:
+    def _left(self, args: tuple[Any, ...], result: Any) -> int:
         if isinstance(result, list):  # popleft_n
-            self.count -= _hashed(result)
-        else:  # popleft returns the block, remove(block) nothing
-            self.count -= _hashed((result if result is not None else args[0],))
+            return -_hashed(result)
+        return -_hashed((result if result is not None else args[0],))  # popleft, remove(block)
 
-    @staticmethod
-    def _wrap(owner: Any, name: str, after: Callable[[tuple[Any, ...], Any], None]) -> None:
+    def _wrap(self, owner: Any, name: str, change: Callable[[tuple[Any, ...], Any], int]) -> None:
         method = getattr(owner, name)
+        counter = self
 
         @functools.wraps(method)
         def wrapped(*args: Any, **kwargs: Any) -> Any:
             result = method(*args, **kwargs)
-            after(args or tuple(kwargs.values()), result)
+            if counter.count is not None:
+                try:
+                    counter.count += change(args or tuple(kwargs.values()), result)
+                except Exception as exc:  # noqa: BLE001 - never into vLLM's allocation path
+                    counter._failed(exc)
             return result
 
         setattr(owner, name, wrapped)
@@ -124,10 +138,17 @@ class CachedFreeCounter:
         @functools.wraps(method)
         def wrapped(*args: Any, **kwargs: Any) -> Any:
             block = kwargs.get("block", args[index] if len(args) > index else None)
-            before = block is not None and _cached_free(block)
+            before = False
+            try:
+                before = block is not None and _cached_free(block)
+            except Exception as exc:  # noqa: BLE001 - never into vLLM's allocation path
+                counter._failed(exc)
             result = method(*args, **kwargs)
-            if block is not None:
-                counter.count += _cached_free(block) - before
+            if block is not None and counter.count is not None:
+                try:
+                    counter.count += _cached_free(block) - before
+                except Exception as exc:  # noqa: BLE001
+                    counter._failed(exc)
             return result
 
         setattr(pool, name, wrapped)
