@@ -66,7 +66,8 @@ $(LITELLM_STAMP): | $(STAMP)
 	$(LITELLM_VENV)/bin/pip install -q 'litellm[proxy]>=1.108,<2' 'prometheus-client>=0.20,<1'
 	touch $@
 
-$(LITELLM): $(LITELLM_STAMP)
+# Order-only: make would compare the stamp with the link's target (older), and link again.
+$(LITELLM): | $(LITELLM_STAMP)
 	ln -sf ../../$(LITELLM_VENV)/bin/litellm $(LITELLM)
 
 setup: debs $(STAMP) $(MODEL)/config.json $(LITELLM)
