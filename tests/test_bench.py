@@ -15,7 +15,7 @@ import time
 import psutil
 import pytest
 
-from tests.conftest import ZEROWINDOW
+from tests.conftest import ZEROWINDOW, run_cli
 
 
 def _bench(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -104,7 +104,7 @@ def test_a_proxy_not_installed_is_skipped_with_the_reason(tmp_path):
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, says):
-    result = _bench(*args)
+    result = run_cli("bench", *args)  # in this process: the command refuses before any start
     assert result.returncode == 2, result.stderr
     assert says in result.stderr
     assert "Traceback" not in result.stderr
