@@ -77,7 +77,7 @@ class EgressProxy(Proxy):
     def __init__(self, config: EgressProxyConfig) -> None:
         self.config = config
         self.port = config.listen_port or free_port(config.listen_host)
-        self.metrics_port = free_port(config.listen_host)
+        self.metrics_port = free_port(config.listen_host, besides=[self.port])
         self.metrics_url = f"http://{config.listen_host}:{self.metrics_port}/metrics"
         self.server = ServerProcess("egress buffer")
         self.argv: list[str] = []

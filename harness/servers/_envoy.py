@@ -216,7 +216,7 @@ class EnvoyProxy(ConfiguredProxy):
 
     def __init__(self, config: EnvoyProxyConfig) -> None:
         super().__init__(config)
-        self.admin_port = free_port("127.0.0.1")
+        self.admin_port = free_port("127.0.0.1", besides=[self.port])
 
     def render(self, folder: Path, upstream_host: str, upstream_port: int) -> str:
         bootstrap = envoy_bootstrap(

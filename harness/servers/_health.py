@@ -6,26 +6,38 @@ from __future__ import annotations
 import errno
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import httpx
 
 from zwcore import TargetError, http_client
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on ``host`` a moment ago (bind to port 0, then release). For
-    an address this namespace does not have (a run's server address, which lives in the
-    run's new server namespace, where every port is free), a port free on loopback. Raises
-    ``OSError`` when neither can be bound."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, 0))
-        except OSError as exc:
-            if exc.errno != errno.EADDRNOTAVAIL:
-                raise
-            s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_port(host: str = "127.0.0.1", *, besides: Iterable[int] = ()) -> int:
+    """A TCP port that was free on ``host`` a moment ago (bind to port 0, then release), other
+    than the ports in ``besides`` (a process's second port: the kernel may hand out a port just
+    released again, so two calls in a row can give the same one). For an address this
+    namespace does not have (a run's server address, which lives in the run's new server
+    namespace, where every port is free), a port free on loopback. Raises ``OSError`` when
+    neither can be bound."""
+    taken = set(besides)
+    held: list[socket.socket] = []  # ports in `besides` stay bound until a new one comes
+    try:
+        while True:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            held.append(s)
+            try:
+                s.bind((host, 0))
+            except OSError as exc:
+                if exc.errno != errno.EADDRNOTAVAIL:
+                    raise
+                s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+            if port not in taken:
+                return port
+    finally:
+        for s in held:
+            s.close()
 
 
 def wait_healthy(

@@ -186,7 +186,7 @@ class TraefikProxy(ConfiguredProxy):
 
     def __init__(self, config: TraefikProxyConfig) -> None:
         super().__init__(config)
-        self.metrics_port = free_port(config.listen_host)
+        self.metrics_port = free_port(config.listen_host, besides=[self.port])
         host = f"[{config.listen_host}]" if ":" in config.listen_host else config.listen_host
         self.metrics_url = f"http://{host}:{self.metrics_port}/metrics"
 
