@@ -153,6 +153,34 @@ def parse_payload(data: str | bytes, *, event_type: str = "message") -> Payload:
     return _parse_generic(data, event_type)
 
 
+UsualChunk = tuple[str, "int | None", "int | None", "str | None", "str | None"]
+"""``(text, completion_tokens, prompt_tokens, finish_reason, stream_id)`` of a chunk of the
+usual shape, as :class:`Payload` would hold them."""
+
+
+def usual_chunk(data: bytes) -> UsualChunk | None:
+    """The fields of ``data`` (an SSE ``message`` event's data) when it is a token chunk of the
+    usual shape (one choice, no error), else None: then :func:`parse_payload` says what it is.
+    The client's fast path, one call per event: the same meaning as ``parse_payload``, without
+    its :class:`Payload`. Never raises."""
+    try:
+        chunk = _CHUNK_DECODER.decode(data)
+    except msgspec.DecodeError:
+        return None
+    choices = chunk.choices
+    if not choices or len(choices) != 1 or chunk.error is not msgspec.UNSET:
+        return None
+    if chunk.object == "error":
+        return None
+    choice = choices[0]
+    delta = choice.delta or choice.message
+    text = (delta.content if delta is not None else choice.text) or ""
+    usage = chunk.usage
+    if usage is None:
+        return text, None, None, choice.finish_reason, chunk.id
+    return text, usage.completion_tokens, usage.prompt_tokens, choice.finish_reason, chunk.id
+
+
 def _from_chunk(chunk: _Chunk) -> Payload:
     usage = chunk.usage
     completion_tokens = usage.completion_tokens if usage is not None else None
@@ -256,14 +284,20 @@ class TokenCounter:
 
     def chunk_tokens(self, payload: Payload) -> int:
         """Tokens carried by ``payload`` (0 for anything but a ``"chunk"``); updates totals."""
+        if payload.kind == "chunk":
+            return self.count(payload.text, payload.completion_tokens)
         if payload.completion_tokens is not None:
             self.usage_total = payload.completion_tokens
-        if payload.kind != "chunk":
-            return 0
-        if payload.completion_tokens is not None:
-            tokens = max(0, payload.completion_tokens - self.counted)
+        return 0
+
+    def count(self, text: str, completion_tokens: int | None) -> int:
+        """Tokens carried by a token chunk of ``text`` and ``usage.completion_tokens``;
+        updates totals."""
+        if completion_tokens is None:
+            tokens = 1 if text else 0
         else:
-            tokens = 1 if payload.text else 0
+            self.usage_total = completion_tokens
+            tokens = max(0, completion_tokens - self.counted)
         self.counted += tokens
         return tokens
 

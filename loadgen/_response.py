@@ -12,7 +12,7 @@ import zlib
 
 import httptools
 
-from ._openai import TokenCounter, parse_payload
+from ._openai import Payload, TokenCounter, UsualChunk, parse_payload, usual_chunk
 from ._records import Chunk, RequestRecord
 from ._sse import SSEDecoder
 
@@ -104,34 +104,56 @@ class Response:
             self.body_head.extend(data[: max(0, room)])
             if rec.http_status != 200:
                 return
+        tokens_of = self.tokens.count
+        t = self.t_read
         for ev in self.decoder.feed(data):
             if self.done:
                 continue
-            payload = parse_payload(ev.raw, event_type=ev.event)
-            kind = payload.kind
-            if kind == "done":
-                self.done = True
-                continue
-            if kind == "error":
-                if not self.error_seen:
-                    self.error_seen = True
-                    rec.error = payload.error
-                continue
-            tokens = self.tokens.chunk_tokens(payload)
+            fields = usual_chunk(ev.raw) if ev.event == "message" else None
+            if fields is None:  # anything but a token chunk of the usual shape
+                fields = self._other_event(parse_payload(ev.raw, event_type=ev.event))
+                if fields is None:
+                    continue
+            text, completion_tokens, prompt_tokens, finish_reason, stream_id = fields
+            tokens = tokens_of(text, completion_tokens)
+            if prompt_tokens is not None:
+                rec.prompt_tokens = prompt_tokens
+            if rec.stream_id is None:
+                rec.stream_id = stream_id
+            if finish_reason is not None:
+                rec.finish_reason = finish_reason
+            if tokens or text:
+                rec.chunks.append(Chunk(t, tokens, ev.wire_bytes, text))
+                if tokens and rec.t_first_token is None:
+                    rec.t_first_token = t
+
+    def _other_event(self, payload: Payload) -> UsualChunk | None:
+        """An event that :func:`usual_chunk` did not read: ``[DONE]``, an error and a
+        usage-only chunk are taken here (None); a token chunk of several choices is given back
+        as ``usual_chunk`` gives one."""
+        rec = self.record
+        kind = payload.kind
+        if kind == "done":
+            self.done = True
+        elif kind == "error":
+            if not self.error_seen:
+                self.error_seen = True
+                rec.error = payload.error
+        elif kind == "usage":
+            self.tokens.chunk_tokens(payload)
             if payload.prompt_tokens is not None:
                 rec.prompt_tokens = payload.prompt_tokens
             if rec.stream_id is None:
                 rec.stream_id = payload.stream_id
-            if kind != "chunk":
-                continue
-            if payload.finish_reason is not None:
-                rec.finish_reason = payload.finish_reason
-            text = payload.text
-            if tokens or text:
-                t = self.t_read
-                rec.chunks.append(Chunk(t, tokens, ev.wire_bytes, text))
-                if tokens and rec.t_first_token is None:
-                    rec.t_first_token = t
+        else:
+            return (
+                payload.text,
+                payload.completion_tokens,
+                payload.prompt_tokens,
+                payload.finish_reason,
+                payload.stream_id,
+            )
+        return None
 
     def _decoded(self, data: bytes) -> bytes:
         """``data`` decoded by the response's content coding; a coding the client does not

@@ -61,6 +61,20 @@ def _text(value: bytes) -> str:
     return value.decode("utf-8", "replace")
 
 
+def _data_lines(blocks: list[bytes], buf: bytes, last: bytes) -> bool:
+    """Whether every complete event of a read (``buf``, LF line ends only, split at its empty
+    lines into ``blocks`` and ``last``) is one ``data: `` line: one event is looked at, more are
+    counted over the whole read (none holds an LF and each starts with ``data: `` when the LFs
+    are two per event and every ``\\n\\n`` but the last is followed by ``data: ``)."""
+    if len(blocks) == 1:
+        return blocks[0][:6] == b"data: " and b"\n" not in blocks[0]
+    return (
+        blocks[0][:6] == b"data: "
+        and buf.count(b"\n") == 2 * len(blocks) + last.count(b"\n")
+        and buf.count(b"\n\ndata: ") == len(blocks) - 1 + last.startswith(b"data: ")
+    )
+
+
 class SSEDecoder:
     """Turns successive byte reads of one event stream into :class:`SSEEvent` objects.
 
@@ -140,24 +154,17 @@ class SSEDecoder:
             last = blocks.pop()
             if last:
                 rest.append(last)
+            simple = not self._data and not self._event_type  # no event begun before
+            if blocks and simple and _data_lines(blocks, buf, last):
+                last_id, retry_ms = self._last_id, self._retry_ms
+                pending = self._pending_bytes
+                self._pending_bytes = 0
+                for block in blocks:  # the stream's usual events, dispatched here
+                    wire_bytes = pending + len(block) + 2  # its line and the empty line
+                    events.append(SSEEvent(block[6:], "message", last_id, retry_ms, wire_bytes))
+                    pending = 0
+                return events
             for block in blocks:
-                if (
-                    block[:6] == b"data: "
-                    and b"\n" not in block
-                    and not self._data
-                    and not self._event_type
-                ):  # an event of one data line: dispatched here
-                    events.append(
-                        SSEEvent(
-                            block[6:],
-                            "message",
-                            self._last_id,
-                            self._retry_ms,
-                            self._pending_bytes + len(block) + 2,
-                        )
-                    )
-                    self._pending_bytes = 0
-                    continue
                 for line in block.split(b"\n"):
                     self._line(line, 1, events)
                 self._line(b"", 1, events)

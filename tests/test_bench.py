@@ -42,7 +42,12 @@ def test_bench_client_json_has_every_figure_and_verdict():
         "zerowindow-read": "not asked for (--clients)",
         "vllm": "not asked for (--clients)",
     }
-    assert set(data["ratios"]) == {"cpu_us_per_event", "ceiling_events_per_s", "itl_err_p99_ms"}
+    assert set(data["ratios"]) == {
+        "cpu_us_per_event",
+        "ceiling_events_per_s",
+        "itl_err_p99_ms",
+        "paced_cpu_us_per_event",
+    }
     assert [v["name"] for v in data["verdicts"]] == ["cpu_per_event", "ceiling", "itl_err_p99"]
     for v in data["verdicts"]:  # vLLM's client was not run: not measured, and why
         assert v["met"] is None and "vllm not measured" in v["reason"]
@@ -172,7 +177,8 @@ def test_tables_have_a_cell_under_every_header():
                          10.0, 60.0, 0)  # fmt: skip
 
     figures = {c: _figures(itl(c, 0), itl(c, 5)) for c in ("zerowindow", "vllm")}
-    ratios = {"cpu_us_per_event": 1.0, "ceiling_events_per_s": 1.0, "itl_err_p99_ms": 1.0}
+    ratios = {"cpu_us_per_event": 1.0, "ceiling_events_per_s": 1.0, "itl_err_p99_ms": 1.0,
+              "paced_cpu_us_per_event": 1.0}  # fmt: skip
     client = ClientBench("cmd", 4, 200, 100, 5.0, 800.0, figures, {}, ratios, [],
                          Machine.now())  # fmt: skip
     proxies = {

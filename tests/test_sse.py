@@ -9,7 +9,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from loadgen import SSEDecoder, SSEEvent, TokenCounter, parse_payload, request_body
-from loadgen._openai import _parse_generic
+from loadgen._openai import _parse_generic, usual_chunk
 
 
 def decode(*reads: bytes) -> list[SSEEvent]:
@@ -285,3 +285,32 @@ def test_typed_chunk_decoding_means_what_the_generic_reading_means(obj: dict) ->
     data = json.dumps(obj).encode()
     assert parse_payload(data) == _parse_generic(data, "message")
     assert parse_payload(data) == parse_payload(data.decode())
+
+
+@settings(max_examples=500, deadline=None)
+@given(obj=_CHUNK)
+def test_usual_chunk_means_what_parse_payload_means(obj: dict) -> None:
+    data = json.dumps(obj).encode()
+    fields = usual_chunk(data)
+    if fields is None:
+        return
+    p = parse_payload(data)
+    assert p.kind == "chunk"
+    assert fields == (p.text, p.completion_tokens, p.prompt_tokens, p.finish_reason, p.stream_id)
+
+
+_LF_LINES = st.sampled_from(
+    [b'data: {"n": 1}', b"data: two", b"data:x", b"data", b": comment", b"id: 7", b"event: e",
+     b"retry: 5", b"", b"data: [DONE]"]
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(lines=st.lists(_LF_LINES, max_size=30), cuts=st.lists(st.integers(0, 400), max_size=6))
+def test_reads_of_many_events_decode_as_byte_by_byte(lines: list[bytes], cuts: list[int]) -> None:
+    """Reads holding several events (the whole-read path) mean what one byte per read means."""
+    stream = b"".join(line + b"\n" for line in lines)
+    bounds = sorted({0, len(stream), *(c for c in cuts if c < len(stream))})
+    reads = [stream[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    one_by_one = decode(*(stream[i : i + 1] for i in range(len(stream))))
+    assert decode(*reads) == one_by_one

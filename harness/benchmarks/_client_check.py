@@ -19,7 +19,7 @@ from harness.benchmarks._client_bench import CLIENTS, ItlResult, run_itl
 from harness.benchmarks._common import BenchError, Machine, Verdict, check, finite, ratio
 
 # The targets for the client, as ratios ours / vLLM's client measured in the same run.
-TARGET_CPU_RATIO = 0.5  # CPU µs per event at full speed: at most 0.5x vLLM's
+TARGET_CPU_RATIO = 0.3  # CPU µs per event at full speed: at most 0.3x vLLM's
 TARGET_CEILING_RATIO = 1.5  # events/s at full speed: at least 1.5x vLLM's
 TARGET_ITL_RATIO = 1.0  # ITL error p99 at the paced workload: no worse than vLLM's
 
@@ -179,7 +179,9 @@ def _measure(
 
 
 def _ratios(figures: dict[str, ClientFigures]) -> dict[str, float | None]:
-    """Ours / vLLM's client of the three figures the targets judge (None: one is missing)."""
+    """Ours / vLLM's client of the three figures the targets judge, and of the CPU per event
+    at the paced workload (no target: there nearly every read holds one event) (None: one is
+    missing)."""
     ours, theirs = figures.get("zerowindow"), figures.get("vllm")
 
     def ours_to_theirs(key: str) -> float | None:
@@ -187,9 +189,8 @@ def _ratios(figures: dict[str, ClientFigures]) -> dict[str, float | None]:
             return None
         return ratio(getattr(ours, key), getattr(theirs, key))
 
-    return {
-        k: ours_to_theirs(k) for k in ("cpu_us_per_event", "ceiling_events_per_s", "itl_err_p99_ms")
-    }
+    keys = ("cpu_us_per_event", "ceiling_events_per_s", "itl_err_p99_ms", "paced_cpu_us_per_event")
+    return {k: ours_to_theirs(k) for k in keys}
 
 
 def _verdicts(
@@ -229,7 +230,7 @@ def _notes(
         )
     for c, f in figures.items():
         client, server = f.cpu_pct_full_speed, f.server_cpu_pct_full_speed
-        if client is not None and server is not None and client < 90 and server >= 90:
+        if client is not None and server is not None and server >= 90:
             notes.append(
                 f"{c} at full speed: {client:.0f} % of a core while the bench server used "
                 f"{server:.0f} %: the server, not the client, bounded this ceiling"

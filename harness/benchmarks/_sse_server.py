@@ -10,7 +10,10 @@ sides read the same CLOCK_MONOTONIC). The request body is read and ignored.
 Pacing (``--interval-ms``): with a positive interval one ticker writes the next chunk of
 every stream each interval (a stream whose socket is not writable skips the tick: a slow
 reader is never buffered in user space); with 0 each stream writes as fast as its socket
-takes it (pausing when the transport's buffer passes 64 KiB).
+takes it (pausing when the transport's buffer passes 64 KiB), ``--flood-batch`` chunks per
+write, so that the server outpaces the client it measures (one chunk per write cost this
+server as much CPU per chunk as the toolkit's client spends reading it: the server, not the
+client, then set the ceiling).
 
 Every ``--stats-interval-s`` it prints one JSON line to stdout::
 
@@ -98,29 +101,35 @@ class Stream(asyncio.Protocol):
         self.closed = True
         self.server.end(self)
 
-    def write_event(self) -> None:
-        """Write the next chunk (and the end of the stream after the last one)."""
+    def write_events(self, n: int = 1) -> None:
+        """Write the next ``n`` chunks (fewer at the end) in one write, each stamped as it is
+        made, and the end of the stream after the last one."""
         assert self.transport is not None
-        now = b"%d" % time.monotonic_ns()
-        self.transport.write(_chunk(_PREFIX + now + _SUFFIX))
-        self.sent += 1
-        self.server.stats.events += 1
-        if self.sent >= self.server.events:
-            n = self.sent
-            tail = _chunk(_USAGE % (n + 1, n)) + _chunk(_DONE) + b"0\r\n\r\n"
-            self.transport.write(tail)
+        server = self.server
+        n = min(n, server.events - self.sent)
+        out = [_chunk(_PREFIX + b"%d" % time.monotonic_ns() + _SUFFIX) for _ in range(n)]
+        self.sent += n
+        server.stats.events += n
+        if self.sent >= server.events:
+            total = self.sent
+            out.append(_chunk(_USAGE % (total + 1, total)) + _chunk(_DONE) + b"0\r\n\r\n")
+            self.transport.write(b"".join(out))
             self.transport.close()
-            self.server.end(self)
+            server.end(self)
+        else:
+            self.transport.write(b"".join(out) if n > 1 else out[0])
 
     def flood(self) -> None:
+        batch = self.server.flood_batch
         while not self.paused and not self.closed and self.sent < self.server.events:
-            self.write_event()
+            self.write_events(batch)
 
 
 class Server:
-    def __init__(self, *, events: int, interval_s: float) -> None:
+    def __init__(self, *, events: int, interval_s: float, flood_batch: int = 1) -> None:
         self.events = events
         self.interval_s = interval_s
+        self.flood_batch = flood_batch
         self.stats = Stats()
         self.active: dict[int, Stream] = {}
 
@@ -149,7 +158,7 @@ class Server:
                 # Only into a writable socket: nothing waits in user space for a slow reader.
                 if transport is not None and not stream.closed:
                     if transport.get_write_buffer_size() == 0:
-                        stream.write_event()
+                        stream.write_events()
 
     async def report(self, interval_s: float) -> None:
         while True:
@@ -162,7 +171,9 @@ class Server:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    server = Server(events=args.events, interval_s=args.interval_ms / 1000.0)
+    server = Server(
+        events=args.events, interval_s=args.interval_ms / 1000.0, flood_batch=args.flood_batch
+    )
     loop = asyncio.get_running_loop()
     listener = await loop.create_server(
         lambda: Stream(server), args.host, args.port, backlog=args.backlog, reuse_address=True
@@ -182,6 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--events", type=int, default=1000, help="chunks per stream")
     parser.add_argument("--interval-ms", type=float, default=5.0, help="0: as fast as possible")
+    parser.add_argument(
+        "--flood-batch", type=int, default=16, help="chunks per write at --interval-ms 0"
+    )
     parser.add_argument("--stats-interval-s", type=float, default=1.0)
     parser.add_argument("--backlog", type=int, default=4096)
     parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
