@@ -61,7 +61,8 @@ def proxy_cells(bench: ProxyBench) -> Cells:
     headers = [
         "proxy", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms", "events/s ceiling",
         "CPU µs/event", "events per CPU-s", "x nginx events per CPU-s", "proxy CPU",
-        "load CPU", "KiB per stalled stream", "stalled cut", "events lost",
+        "load CPU", "CPU µs/event paced", "KiB per stalled stream", "stalled cut",
+        "events lost",
     ]  # fmt: skip
     rows = []
     for name, r in bench.proxies.items():
@@ -72,7 +73,8 @@ def proxy_cells(bench: ProxyBench) -> Cells:
             name, _n(r.p50_ms, ".2f"), _n(r.p99_ms, ".2f"), _n(r.added_p50_ms, ".2f"),
             _n(r.added_p99_ms, ".2f"), _n(r.events_per_s), _n(r.cpu_us_per_event, ".2f"),
             _n(r.events_per_cpu_s), _n(to_nginx, ".2f"), _n(r.proxy_cpu_util, ".0%"),
-            _n(r.load_cpu_util, ".0%"), _n(r.rss_per_stalled_kib, ".1f"),
+            _n(r.load_cpu_util, ".0%"), _n(r.paced_cpu_us_per_event, ".2f"),
+            _n(r.rss_per_stalled_kib, ".1f"),
             "-" if r.stalled_cut is None else str(r.stalled_cut), str(r.events_lost),
         ])  # fmt: skip
     return headers, rows
