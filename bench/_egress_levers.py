@@ -2,9 +2,11 @@
 
 Each lever is one setting of the egress buffer changed from the configuration ``zerowindow
 bench proxy`` measures (``egress``: uvloop, ``TCP_NOTSENT_LOWAT`` 16 KiB, ``TCP_NODELAY``, a
-32 KiB send buffer, pausing the upstream at 256 KiB). Every configuration runs the proxy
-bench's saturation phase (:func:`harness.benchmarks._proxy_phases.saturation`: the bench
-upstream and client pinned to one CPU, the proxy to the other, ``streams`` streams of
+32 KiB send buffer, pausing the upstream at 256 KiB); beside them, a byte pipe on uvloop
+(``_byte_pipe.py``), the floor under any proxy in Python (it parses and watches nothing).
+Every configuration runs the proxy bench's saturation phase
+(:func:`harness.benchmarks._proxy_phases.saturation`: the bench upstream and client pinned to
+one CPU, the proxy to the other, ``streams`` streams of
 ``events`` events of ``event_bytes`` bytes each, written as fast as each connection takes);
 the rounds go over every configuration in turn so that the machine's drift hits them alike, and
 each configuration's median CPU µs per event is kept.
@@ -19,6 +21,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,6 +38,7 @@ from harness.benchmarks._proxy_phases import (
     start_upstream,
 )
 from harness.servers import make_proxy
+from harness.servers._command import CommandProxyConfig
 
 LEVERS: dict[str, dict[str, object]] = {
     "egress": {},
@@ -43,6 +47,8 @@ LEVERS: dict[str, dict[str, object]] = {
     "egress, no TCP_NODELAY (Nagle)": {"client_tcp_nodelay": False},
 }
 """Egress configurations by name: the bench's ``egress`` with these fields changed."""
+FLOOR = "a byte pipe on uvloop (the floor)"
+"""The configuration of ``bench/_byte_pipe.py``: what any proxy in Python on uvloop costs."""
 
 
 @dataclass
@@ -63,6 +69,9 @@ def measure(rounds: int, w: ProxyWorkload) -> list[LeverResult]:
     base = bench_configs()
     configs = {"nginx": base["nginx"]}
     configs |= {name: base["egress"].model_copy(update=up) for name, up in LEVERS.items()}
+    pipe = Path(__file__).with_name("_byte_pipe.py")
+    argv = [sys.executable, str(pipe), "{listen}", "{upstream_port}"]
+    configs[FLOOR] = CommandProxyConfig(argv=argv)
     pair = placement()
     proxy_cpu, load_cpu = pair if pair is not None else (None, None)
     affinity = os.sched_getaffinity(0)

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from _egress_levers import LEVERS, measure  # bench/ is sys.path[0]
+from _egress_levers import FLOOR, LEVERS, measure  # bench/ is sys.path[0]
 from _llamacpp_probe_bench import trial as llamacpp_trial
 from _probe_bench import run_trials as run_probe_trials
 
@@ -453,8 +453,10 @@ def _levers_section() -> list[str]:
         "",
         "The proxy bench's saturation phase (64 streams x 5,000 events of 200 bytes, written as "
         "fast as each connection takes; upstream and client on one CPU, the proxy on the "
-        f"other) through nginx and through the egress buffer with one setting changed at a "
-        f"time from the bench's `egress` configuration; {rounds} rounds over every "
+        f"other) through nginx, through the egress buffer with one setting changed at a "
+        "time from the bench's `egress` configuration, and through a byte pipe on uvloop "
+        "(`bench/_byte_pipe.py`: one write per read, no HTTP parsing, no watchdog; the floor "
+        f"under any proxy in Python); {rounds} rounds over every "
         "configuration in turn, a fresh proxy each time; the median CPU µs per event of each "
         "is kept (`bench/_egress_levers.py`).",
         "",
@@ -487,6 +489,10 @@ def _levers_section() -> list[str]:
         "client's connection can be reused); a 200-byte event costs its syscalls and packets, "
         "not its copy (`perf record`, once: 72 % of the egress's CPU is in the kernel's TCP "
         "path, 18 % in the interpreter, 6 % in uvloop, 2 % in httptools).",
+        f"- The byte pipe: {by[FLOOR].x_nginx:.2f}x nginx's events per CPU-second, "
+        f"{change(FLOOR)} CPU per event against the egress buffer. What the egress buffer adds "
+        "to it (the framing check, the bookkeeping, the stall watchdog) can be made cheaper; "
+        "the pipe itself is the most a proxy in Python on uvloop reaches here.",
         "",
     ]
 
