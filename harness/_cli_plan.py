@@ -52,9 +52,11 @@ def show_plan(result: PlanResult) -> None:
     """Print ``result`` (module docstring) and append its section to the step summary."""
     plan = result.plan
     markdown = ""
+    said = False  # the failure, by the run's own tables
     if plan.single:
         run = result.only_run()
         print_summary(run.summary, run_dir=str(run.run_dir))
+        said = run.summary.failure == result.failure
         print_gates(run.gates, exit_code=result.exit_code)
         markdown = step_summary_markdown(
             run.summary, run.gates, run_dir=run.run_dir, exit_code=result.exit_code
@@ -76,8 +78,8 @@ def show_plan(result: PlanResult) -> None:
         append_markdown(markdown) if markdown else None
     except OSError as exc:
         typer.echo(f"cannot append to ${STEP_SUMMARY_ENV}: {exc}", err=True)
-    if result.failure and result.exit_code:
-        typer.secho(f"{plan.kind}: {result.failure}", fg="red", err=True)
+    if result.failure and result.exit_code and not said:
+        typer.secho(f"{plan.scenario.name} ({plan.kind}): {result.failure}", fg="red", err=True)
     if (report := result.run_dir / REPORT_HTML).exists():
         typer.echo(f"report: {report}")
     if not plan.single:  # a run's tables end with its folder

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from harness.servers import UrlTargetConfig
+from tests.conftest import run_cli
 from zwcore import TargetError
 
 
@@ -118,3 +119,20 @@ def test_bad_readiness_is_a_validation_error_naming_the_kind():
     with pytest.raises(ValueError, match="statuses"):
         UrlTargetConfig(kind="url", url="http://127.0.0.1:1", served_model_name="m",
                         readiness={"kind": "http", "statuses": [99]})  # fmt: skip
+
+
+def test_a_plan_whose_target_never_got_ready_says_why_in_its_junit(answers, tmp_path):
+    """No run began: the plan's junit.xml still carries the failure, for CI to show."""
+    server = answers({"/health": 500, "/v1/models": 500})
+    scenario = tmp_path / "never-ready.toml"
+    scenario.write_text(
+        'name = "never-ready"\nrepeats = 2\n'
+        f'[target]\nkind = "url"\nurl = "{server.url}"\nserved_model_name = "m"\n'
+        "startup_timeout_s = 1\n"
+        '[[groups]]\nname = "g"\nusers = 1\nrequests_per_user = 1\nmax_tokens = 4\n'
+    )
+    done = run_cli("run", str(scenario), "--out", str(tmp_path / "out"))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "never-ready (repeats): " in done.stderr and "not ready within 1 s" in done.stderr
+    junit = next((tmp_path / "out").glob("never-ready/*/junit.xml")).read_text()
+    assert 'errors="1"' in junit and "not ready within 1 s" in junit

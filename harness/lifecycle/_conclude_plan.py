@@ -195,6 +195,12 @@ def conclude_plan(
     )
     if result.failure is None and result.exit_code:
         result.failure = _why(result)
+    if not units and plan.kind != "sweep" and result.exit_code:  # no run began: CI sees why
+        status = info.get("status", "failed")
+        status = "failed" if status == "complete" else status
+        props = {"run_dir": str(folder), "status": status}
+        units.append(JunitSuite(f"zerowindow.{plan.scenario.name}", status, result.failure, 0.0,
+                                [], props))  # fmt: skip
     data = record.as_dict()
     # Last, whether the run or a later analyze writes them: the exit code, then what the
     # history took of the plan (harness.lifecycle._history adds it after this).
