@@ -32,6 +32,7 @@ from harness.benchmarks._common import (
     module_argv,
     percentile,
     pin_argv,
+    us_per_event,
 )
 from harness.benchmarks._locust_load import RECORDS, last_line, locust_command, write_group_config
 
@@ -199,7 +200,7 @@ def run_itl(*, client: str, streams: int, interval_ms: float, events: int) -> It
         delay_p50_ms=f["delay_p50_ms"],
         delay_p99_ms=f["delay_p99_ms"],
         cpu_pct=100.0 * cpu_s / span if span > 0 else math.nan,
-        cpu_us_per_event=cpu_s / f["events"] * 1e6 if f["events"] else math.nan,
+        cpu_us_per_event=us_per_event(cpu_s, int(f["events"])),
         server_cpu_pct=100.0 * server_trace.between(f["first"], f["last"]) / span
         if span > 0
         else math.nan,

@@ -51,6 +51,11 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return a / b
 
 
+def us_per_event(cpu_s: float, events: int) -> float:
+    """CPU µs per event of ``cpu_s`` CPU-seconds over ``events`` events (NaN without events)."""
+    return cpu_s / events * 1e6 if events else math.nan
+
+
 def finite(value: float | None) -> float | None:
     """``value`` when it is a finite number, else None (JSON has no NaN)."""
     return value if value is not None and math.isfinite(value) else None

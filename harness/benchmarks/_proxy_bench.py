@@ -51,6 +51,7 @@ from harness.benchmarks._common import (
     placement,
     raise_nofile,
     ratio,
+    us_per_event,
 )
 from harness.benchmarks._proxy_phases import (
     ProxyWorkload,
@@ -213,8 +214,8 @@ def _measure(
                     events_per_s=None, cpu_us_per_event=None, events_per_cpu_s=None,
                     proxy_cpu_util=None, load_cpu_util=None, rss_per_stalled_kib=None,
                     stalled_cut=None, events_lost=lost,
-                    paced_cpu_us_per_event=_per_event(
-                        paced_cpu_s[name], w.repeats * w.streams * int(w.rate * w.duration_s) - lost
+                    paced_cpu_us_per_event=us_per_event(
+                        paced_cpu_s[name], w.repeats * w.streams * w.paced_events - lost
                     ) if procs else None,
                 )  # fmt: skip
                 if procs:  # none: no process of its own to measure
@@ -232,11 +233,6 @@ def _measure(
         finally:
             for proxy, _, _ in started.values():
                 proxy.stop()
-
-
-def _per_event(cpu_s: float, events: int) -> float:
-    """CPU µs per event (NaN without events)."""
-    return cpu_s / events * 1e6 if events > 0 else float("nan")
 
 
 def _verdicts(results: dict[str, ProxyResult], skipped: dict[str, str]) -> list[Verdict]:

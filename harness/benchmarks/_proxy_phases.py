@@ -16,7 +16,14 @@ from dataclasses import dataclass
 import numpy as np
 import psutil
 
-from harness.benchmarks._common import BenchError, Children, module_argv, pin_argv, proc_cpu_s
+from harness.benchmarks._common import (
+    BenchError,
+    Children,
+    module_argv,
+    pin_argv,
+    proc_cpu_s,
+    us_per_event,
+)
 from harness.benchmarks._upstream import read_streams
 from harness.collectors import procs_rss_bytes
 from harness.servers import Proxy
@@ -34,6 +41,11 @@ class ProxyWorkload:
     event_bytes: int = 200
     stalled: int = 200
     stalled_kib: int = 128
+
+    @property
+    def paced_events(self) -> int:
+        """Events each stream is sent in one latency trial."""
+        return int(self.rate * self.duration_s)
 
     def check(self) -> None:
         """Raises :class:`BenchError` when a size cannot make a measurement."""
@@ -81,7 +93,7 @@ def pin(procs: list[psutil.Process], cpu: int | None) -> None:
 
 def latency_trial(port: int, w: ProxyWorkload) -> tuple[float, float, int]:
     """(p50, p99) in ms of one paced trial through ``port``, and the events lost."""
-    events = int(w.rate * w.duration_s)
+    events = w.paced_events
     warmup = min(int(w.rate), events // 2)  # each stream's first second, or its first half
     q = f"mode=paced&rate={w.rate:g}&events={events}&bytes={w.event_bytes}"
     decs = read_streams(port, w.streams, q, stamps=True)
@@ -104,7 +116,7 @@ def saturation(
     load_util = (cpu_s(load) - load0) / wall
     got = sum(d.events for d in decs) - w.streams
     lost = w.streams * w.flood_events - got
-    per_event = cpu / got * 1e6 if got else float("nan")
+    per_event = us_per_event(cpu, got)
     per_cpu_s = got / cpu if cpu > 0 else float("nan")
     return got / wall, per_event, per_cpu_s, cpu / wall, load_util, lost
 
