@@ -192,23 +192,17 @@ def _from_chunk(chunk: _Chunk) -> Payload:
             prompt_tokens=prompt_tokens,
             stream_id=chunk.id,
         )
-    choices = chunk.choices
-    if len(choices) == 1:  # the usual case (n = 1)
-        choice = choices[0]
+    # one choice (n = 1) is read on the client's hot path by usual_chunk; here, any number
+    finish_reason = None
+    texts: list[str] = []
+    for choice in chunk.choices:
         delta = choice.delta or choice.message
-        text = (delta.content if delta is not None else choice.text) or ""
-        finish_reason = choice.finish_reason
-    else:
-        finish_reason = None
-        texts: list[str] = []
-        for choice in choices:
-            delta = choice.delta or choice.message
-            piece = delta.content if delta is not None else choice.text
-            if piece is not None:
-                texts.append(piece)
-            if choice.finish_reason is not None:
-                finish_reason = choice.finish_reason
-        text = "".join(texts)
+        piece = delta.content if delta is not None else choice.text
+        if piece is not None:
+            texts.append(piece)
+        if choice.finish_reason is not None:
+            finish_reason = choice.finish_reason
+    text = "".join(texts)
     return Payload(
         kind="chunk",
         text=text,

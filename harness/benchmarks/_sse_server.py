@@ -110,14 +110,14 @@ class Stream(asyncio.Protocol):
         out = [_chunk(_PREFIX + b"%d" % time.monotonic_ns() + _SUFFIX) for _ in range(n)]
         self.sent += n
         server.stats.events += n
-        if self.sent >= server.events:
+        last = self.sent >= server.events
+        if last:
             total = self.sent
             out.append(_chunk(_USAGE % (total + 1, total)) + _chunk(_DONE) + b"0\r\n\r\n")
-            self.transport.write(b"".join(out))
+        self.transport.write(b"".join(out))  # one chunk: join gives it back, uncopied
+        if last:
             self.transport.close()
             server.end(self)
-        else:
-            self.transport.write(b"".join(out) if n > 1 else out[0])
 
     def flood(self) -> None:
         batch = self.server.flood_batch
