@@ -85,9 +85,10 @@ def _gates_record(
     }
 
 
-def _suite_name(plan: Plan, arm: str) -> str:
+def _suite_name(plan: Plan, arm: str | None) -> str:
+    """A configuration's test suite (``arm``), or the plan's own (None: no run began)."""
     name = f"zerowindow.{plan.scenario.name}"
-    return f"{name}.{arm}" if plan.kind == "comparison" else name
+    return f"{name}.{arm}" if plan.kind == "comparison" and arm is not None else name
 
 
 def _junit_unit(plan: Plan, agg: ArmAggregate, gates: list[GateResult]) -> JunitSuite:
@@ -196,11 +197,9 @@ def conclude_plan(
     if result.failure is None and result.exit_code:
         result.failure = _why(result)
     if not units and plan.kind != "sweep" and result.exit_code:  # no run began: CI sees why
-        status = info.get("status", "failed")
-        status = "failed" if status == "complete" else status
+        status = info["status"] if info.get("status", "complete") != "complete" else "failed"
         props = {"run_dir": str(folder), "status": status}
-        units.append(JunitSuite(f"zerowindow.{plan.scenario.name}", status, result.failure, 0.0,
-                                [], props))  # fmt: skip
+        units.append(JunitSuite(_suite_name(plan, None), status, result.failure, 0.0, [], props))
     data = record.as_dict()
     # Last, whether the run or a later analyze writes them: the exit code, then what the
     # history took of the plan (harness.lifecycle._history adds it after this).
